@@ -1,0 +1,116 @@
+//! The per-device caching allocator interface, shared by every policy.
+//!
+//! A [`DeviceAllocator`] serves one device through one [`Backend`]. Each policy
+//! implements it and keeps its own locking (the `pytorch` policy one lock per
+//! device, as PyTorch does; the `cachalot` policy per-stream state), so every
+//! method takes `&self` and is callable from any thread.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::config::{AllocatorConfig, PolicyKind};
+use crate::error::{InvariantViolation, Result};
+use crate::event::Observer;
+use crate::snapshot::MemorySnapshot;
+use crate::stats::MemoryStats;
+
+/// A caching allocator for one device.
+pub trait DeviceAllocator: Send + Sync + fmt::Debug {
+    /// The policy this allocator implements.
+    fn policy(&self) -> PolicyKind;
+
+    /// Its configuration.
+    fn config(&self) -> &AllocatorConfig;
+
+    /// The backend it draws memory from.
+    fn backend(&self) -> &Arc<dyn Backend>;
+
+    /// Allocates at least `size` bytes for use on `stream`. A size of 0 returns the
+    /// null address 0 and changes nothing, as PyTorch does.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when even a flushed cache
+    /// leaves no room; [`Error::TooLarge`](crate::Error::TooLarge) above 1 EiB;
+    /// [`Error::Backend`](crate::Error::Backend) when the device fails.
+    fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr>;
+
+    /// Frees an allocation. Freeing the null address is a no-op. The block becomes
+    /// reusable once every stream recorded with [`DeviceAllocator::record_stream`]
+    /// has passed this point.
+    ///
+    /// # Errors
+    /// [`Error::InvalidFree`](crate::Error::InvalidFree) for a double or foreign free
+    /// (nothing changes).
+    fn free(&self, ptr: DevicePtr) -> Result<()>;
+
+    /// Marks an allocation as used by `stream` (PyTorch's `record_stream`), so a free
+    /// waits for the work queued there.
+    ///
+    /// # Errors
+    /// [`Error::InvalidFree`](crate::Error::InvalidFree) when `ptr` is not a live
+    /// allocation.
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()>;
+
+    /// Returns every cached, unused segment (or page) to the device.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) when the device fails.
+    fn empty_cache(&self) -> Result<()>;
+
+    /// Limits the memory this allocator may reserve to `fraction` of the device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) outside `[0, 1]`.
+    fn set_memory_fraction(&self, fraction: f64) -> Result<()>;
+
+    /// A copy of the statistics (cheap: no walk).
+    fn stats(&self) -> MemoryStats;
+
+    /// Sets every peak statistic to its current value.
+    fn reset_peak_stats(&self);
+
+    /// Zeroes every cumulative statistic.
+    fn reset_accumulated_stats(&self);
+
+    /// Every segment and block (walks all state).
+    fn snapshot(&self) -> MemorySnapshot;
+
+    /// Checks every invariant (walks all state).
+    ///
+    /// # Errors
+    /// The first [`InvariantViolation`] found: always a bug in cachalot.
+    fn validate(&self) -> std::result::Result<(), InvariantViolation>;
+
+    /// Installs (or removes) the observer that receives every event.
+    fn set_observer(&self, observer: Option<Arc<dyn Observer>>);
+
+    /// The device's free and total memory, as the backend reports it
+    /// (`torch.cuda.mem_get_info`).
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) when the device cannot answer.
+    fn mem_get_info(&self) -> Result<MemInfo> {
+        Ok(self.backend().mem_info()?)
+    }
+
+    /// `memory_allocated()`.
+    fn memory_allocated(&self) -> u64 {
+        self.stats().memory_allocated()
+    }
+
+    /// `max_memory_allocated()`.
+    fn max_memory_allocated(&self) -> u64 {
+        self.stats().max_memory_allocated()
+    }
+
+    /// `memory_reserved()`.
+    fn memory_reserved(&self) -> u64 {
+        self.stats().memory_reserved()
+    }
+
+    /// `max_memory_reserved()`.
+    fn max_memory_reserved(&self) -> u64 {
+        self.stats().max_memory_reserved()
+    }
+}

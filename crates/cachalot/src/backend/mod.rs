@@ -1,0 +1,356 @@
+//! The backend trait: what provides segments, pages, streams and events.
+//!
+//! An allocator policy never talks to a GPU directly; it asks a [`Backend`]. Two
+//! backends exist: [`sim`](crate::backend::sim) (a simulated device, deterministic
+//! and strict, the default wherever no GPU is present) and `cuda` (a real GPU through
+//! cudarc). Concerns that cut across backends (a memory limit, latency, fault
+//! injection, call counting) are wrappers implementing this same trait, never
+//! `if`s inside `malloc`.
+//!
+//! # Contracts every backend keeps
+//!
+//! * **Segments.** [`Backend::allocate_segment`] returns the base address of `size`
+//!   bytes of device memory that no other live segment or mapped range overlaps.
+//!   [`Backend::free_segment`] takes exactly such a base address, once. Freeing an
+//!   address that is not the base of a live segment is
+//!   [`BackendError::InvalidAddress`]; the backend's state does not change.
+//! * **Virtual memory** (only where [`Capabilities::virtual_memory`] is true; the others
+//!   answer [`BackendError::Unsupported`]): [`Backend::reserve_range`] reserves
+//!   address space without memory; [`Backend::create_page`] creates a physical page of
+//!   a multiple of [`Capabilities::granularity`] bytes; [`Backend::map`] maps one page at
+//!   a granularity-aligned address inside a reserved range and makes it accessible
+//!   from the device; [`Backend::unmap`] unmaps whole pages; a page may be released
+//!   only when no mapping of it is left; a range may be released only when nothing
+//!   is mapped in it.
+//! * **Streams and events.** Stream ids are opaque: 0 is the device's default stream,
+//!   and a backend accepts any stream id the caller hands it (on CUDA it is the raw
+//!   `CUstream`). An event recorded on a stream completes once the work queued on the
+//!   stream before it has finished. `query_event` never blocks; `synchronize_*` blocks.
+//! * **Memory info** reports the device's free and total bytes as the driver sees them.
+//! * Every method is callable from any thread (`Send + Sync`).
+//! * No method panics on bad input: misuse is an error value.
+
+pub mod sim;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// An address in the device's address space (`CUdeviceptr` on CUDA).
+pub type DevicePtr = u64;
+
+/// A stream, by its opaque id. `StreamId(0)` is the default stream.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The device's default (legacy) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {:#x}", self.0)
+    }
+}
+
+/// An event created by a backend.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId(pub u64);
+
+/// A physical page created by [`Backend::create_page`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageHandle(pub u64);
+
+/// What a backend can do, fixed for its lifetime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Human-readable device name, for reports.
+    pub name: String,
+    /// The device's ordinal.
+    pub device: usize,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Whether reserve/create/map/unmap are available.
+    pub virtual_memory: bool,
+    /// The page size for [`Backend::create_page`] and the alignment of mappings
+    /// (2 MiB on current NVIDIA GPUs); 0 without virtual memory.
+    pub granularity: u64,
+}
+
+/// The device's free and total bytes, as the driver reports them.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes the device could still hand out.
+    pub free: u64,
+    /// Bytes the device has in all.
+    pub total: u64,
+}
+
+/// The kinds of backend calls, for counting and fault injection.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[allow(missing_docs)]
+pub enum CallKind {
+    SegmentAlloc,
+    SegmentFree,
+    ReserveRange,
+    ReleaseRange,
+    CreatePage,
+    ReleasePage,
+    Map,
+    Unmap,
+    CreateEvent,
+    DestroyEvent,
+    RecordEvent,
+    QueryEvent,
+    SynchronizeEvent,
+    SynchronizeStream,
+    SynchronizeDevice,
+    MemInfo,
+}
+
+impl CallKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [CallKind; 16] = [
+        CallKind::SegmentAlloc,
+        CallKind::SegmentFree,
+        CallKind::ReserveRange,
+        CallKind::ReleaseRange,
+        CallKind::CreatePage,
+        CallKind::ReleasePage,
+        CallKind::Map,
+        CallKind::Unmap,
+        CallKind::CreateEvent,
+        CallKind::DestroyEvent,
+        CallKind::RecordEvent,
+        CallKind::QueryEvent,
+        CallKind::SynchronizeEvent,
+        CallKind::SynchronizeStream,
+        CallKind::SynchronizeDevice,
+        CallKind::MemInfo,
+    ];
+
+    /// A stable snake_case name (used in JSON reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            CallKind::SegmentAlloc => "segment_alloc",
+            CallKind::SegmentFree => "segment_free",
+            CallKind::ReserveRange => "reserve_range",
+            CallKind::ReleaseRange => "release_range",
+            CallKind::CreatePage => "create_page",
+            CallKind::ReleasePage => "release_page",
+            CallKind::Map => "map",
+            CallKind::Unmap => "unmap",
+            CallKind::CreateEvent => "create_event",
+            CallKind::DestroyEvent => "destroy_event",
+            CallKind::RecordEvent => "record_event",
+            CallKind::QueryEvent => "query_event",
+            CallKind::SynchronizeEvent => "synchronize_event",
+            CallKind::SynchronizeStream => "synchronize_stream",
+            CallKind::SynchronizeDevice => "synchronize_device",
+            CallKind::MemInfo => "mem_info",
+        }
+    }
+
+    /// Whether this kind is a costly driver memory call (allocation, free, reserve,
+    /// page creation, map or unmap), as counted in reports.
+    pub fn is_memory_call(self) -> bool {
+        matches!(
+            self,
+            CallKind::SegmentAlloc
+                | CallKind::SegmentFree
+                | CallKind::ReserveRange
+                | CallKind::ReleaseRange
+                | CallKind::CreatePage
+                | CallKind::ReleasePage
+                | CallKind::Map
+                | CallKind::Unmap
+        )
+    }
+}
+
+impl fmt::Display for CallKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A backend call that failed, grouped by what the caller should do.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum BackendError {
+    /// The device has no memory for this request now. Remedy: free cached memory
+    /// and retry, or report out-of-memory.
+    #[error("device out of memory: {call} of {requested} bytes")]
+    OutOfMemory {
+        /// The call that failed.
+        call: CallKind,
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// The backend cannot do this at all (for example virtual memory on a backend
+    /// without it). Remedy: take another path.
+    #[error("{call} is not supported by the {backend} backend")]
+    Unsupported {
+        /// The call asked for.
+        call: CallKind,
+        /// The backend's name.
+        backend: &'static str,
+    },
+    /// The caller passed an address, page, range or event the backend does not
+    /// know, or no longer knows (a double free). Remedy: fix the caller.
+    #[error("{call}: {what} {value:#x} is not live on this device")]
+    InvalidAddress {
+        /// The call made.
+        call: CallKind,
+        /// What kind of handle was wrong ("segment", "page", "range", "event", ...).
+        what: &'static str,
+        /// The offending value.
+        value: u64,
+    },
+    /// The arguments break the call's contract (misaligned, zero size, a range
+    /// still mapped). Remedy: fix the caller.
+    #[error("{call}: {reason}")]
+    InvalidArgument {
+        /// The call made.
+        call: CallKind,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No driver or no device is present. Remedy: use the simulated backend.
+    #[error("no GPU available: {0}")]
+    Unavailable(String),
+    /// The driver reported an error, or a fault was injected. Remedy: treat the
+    /// device as failed.
+    #[error("{call} failed: {message}")]
+    Device {
+        /// The call made.
+        call: CallKind,
+        /// The driver's (or the fault injector's) message.
+        message: String,
+    },
+}
+
+impl BackendError {
+    /// Whether this is an out-of-memory condition (retryable after freeing memory).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, BackendError::OutOfMemory { .. })
+    }
+}
+
+/// Result of a backend call.
+pub type BackendResult<T> = Result<T, BackendError>;
+
+/// A provider of device memory, streams and events. See the module docs for the
+/// contracts.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// What this backend can do.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// The device's free and total bytes.
+    ///
+    /// # Errors
+    /// [`BackendError::Device`] when the driver cannot answer.
+    fn mem_info(&self) -> BackendResult<MemInfo>;
+
+    /// Allocates a segment of `size` bytes (`cuMemAlloc`).
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when the device lacks the memory;
+    /// [`BackendError::InvalidArgument`] for a zero size.
+    fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr>;
+
+    /// Frees a segment by its base address (`cuMemFree`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] when `ptr` is not a live segment's base.
+    fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()>;
+
+    /// Reserves `size` bytes of address space, aligned to the granularity
+    /// (`cuMemAddressReserve`).
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] without virtual memory;
+    /// [`BackendError::InvalidArgument`] for a size that is zero or not a multiple
+    /// of the granularity.
+    fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr>;
+
+    /// Releases a reserved range with nothing mapped in it (`cuMemAddressFree`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown base;
+    /// [`BackendError::InvalidArgument`] while pages are still mapped in it.
+    fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()>;
+
+    /// Creates a physical page of `size` bytes, a multiple of the granularity
+    /// (`cuMemCreate`).
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when the device lacks the memory.
+    fn create_page(&self, size: u64) -> BackendResult<PageHandle>;
+
+    /// Releases a page that is no longer mapped anywhere (`cuMemRelease`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown page;
+    /// [`BackendError::InvalidArgument`] while it is still mapped.
+    fn release_page(&self, page: PageHandle) -> BackendResult<()>;
+
+    /// Maps a whole page at `addr` inside a reserved range and grants the device
+    /// read/write access (`cuMemMap` + `cuMemSetAccess`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidArgument`] when `addr` is misaligned, outside every
+    /// reserved range or overlaps a mapping.
+    fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()>;
+
+    /// Unmaps `size` bytes of whole pages starting at `addr` (`cuMemUnmap`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidArgument`] when the range does not cover whole mapped
+    /// pages.
+    fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()>;
+
+    /// Creates an event (timing disabled).
+    ///
+    /// # Errors
+    /// [`BackendError::Device`] on driver failure.
+    fn create_event(&self) -> BackendResult<EventId>;
+
+    /// Destroys an event.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown event.
+    fn destroy_event(&self, event: EventId) -> BackendResult<()>;
+
+    /// Records `event` on `stream`.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown event.
+    fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()>;
+
+    /// Whether the work before the event's last record has finished. Never blocks.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown event.
+    fn query_event(&self, event: EventId) -> BackendResult<bool>;
+
+    /// Blocks until the event has completed.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown event.
+    fn synchronize_event(&self, event: EventId) -> BackendResult<()>;
+
+    /// Blocks until all work queued on `stream` has finished.
+    ///
+    /// # Errors
+    /// [`BackendError::Device`] on driver failure.
+    fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()>;
+
+    /// Blocks until all work on the device has finished.
+    ///
+    /// # Errors
+    /// [`BackendError::Device`] on driver failure.
+    fn synchronize_device(&self) -> BackendResult<()>;
+}

@@ -1,0 +1,567 @@
+//! The simulated device: a strict, deterministic [`Backend`] with no GPU behind it.
+//!
+//! * Fixed capacity; segments and pages count against it.
+//! * Addresses start at a high, unusual base and are never reused, with a guard gap
+//!   between ranges, so a block that strays across a segment boundary, or an address
+//!   used after its free, is caught.
+//! * Strict: freeing an unknown or already-freed address, releasing a mapped page,
+//!   unmapping what is not mapped, or using an unknown event is a typed error and is
+//!   counted in [`SimCounters::misuse`].
+//! * Counts every call by [`CallKind`].
+//! * Fault injection: fail the Nth call of a kind ([`SimBackend::fail_nth`]); fail
+//!   memory calls that would raise use above a watermark ([`SimBackend::set_watermark`]).
+//! * Events: by default they complete as soon as they are recorded (a device that is
+//!   always idle). In manual mode ([`SimBackend::set_manual_events`]) an event
+//!   completes only when the test completes its stream, or synchronizes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use super::{
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+};
+
+/// The first address the simulated device hands out.
+pub const SIM_BASE_ADDRESS: DevicePtr = 0x7f3a_5e00_0000;
+
+/// The simulated page size (and mapping granularity): 2 MiB.
+pub const SIM_GRANULARITY: u64 = 2 << 20;
+
+/// What an injected fault returns.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The call fails with [`BackendError::OutOfMemory`].
+    OutOfMemory,
+    /// The call fails with [`BackendError::Device`].
+    DeviceError,
+}
+
+/// Counters of a simulated device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// Calls by kind, failed ones included.
+    pub calls: BTreeMap<CallKind, u64>,
+    /// Calls that broke a contract (double free, unknown address, ...).
+    pub misuse: u64,
+    /// Calls failed by fault injection or the watermark.
+    pub injected: u64,
+    /// Bytes in live segments and pages now.
+    pub used: u64,
+    /// The highest `used` seen.
+    pub peak_used: u64,
+}
+
+impl SimCounters {
+    /// Calls of one kind.
+    pub fn count(&self, kind: CallKind) -> u64 {
+        self.calls.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Costly memory calls (see [`CallKind::is_memory_call`]).
+    pub fn memory_calls(&self) -> u64 {
+        self.calls.iter().filter(|(k, _)| k.is_memory_call()).map(|(_, n)| n).sum()
+    }
+}
+
+#[derive(Debug)]
+struct Range {
+    size: u64,
+    /// Mapped pages by offset from the range base.
+    mapped: BTreeMap<u64, (PageHandle, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Event {
+    /// The stream and sequence number of the last record.
+    recorded: Option<(StreamId, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_address: DevicePtr,
+    next_handle: u64,
+    segments: HashMap<DevicePtr, u64>,
+    ranges: BTreeMap<DevicePtr, Range>,
+    /// Page size and the number of live mappings of each page.
+    pages: HashMap<PageHandle, (u64, u32)>,
+    events: HashMap<EventId, Event>,
+    /// Per stream: (records issued, records completed).
+    streams: HashMap<StreamId, (u64, u64)>,
+    manual_events: bool,
+    faults: HashMap<CallKind, Vec<(u64, Fault)>>,
+    watermark: Option<u64>,
+    counters: SimCounters,
+}
+
+/// A simulated GPU. See the module docs.
+#[derive(Debug)]
+pub struct SimBackend {
+    caps: Capabilities,
+    state: Mutex<State>,
+}
+
+impl SimBackend {
+    /// A device of `capacity` bytes with virtual memory support.
+    pub fn new(capacity: u64) -> SimBackend {
+        SimBackend::with_options(capacity, true)
+    }
+
+    /// A device of `capacity` bytes, with or without virtual memory.
+    pub fn with_options(capacity: u64, virtual_memory: bool) -> SimBackend {
+        let caps = Capabilities {
+            name: "simulated device".to_string(),
+            device: 0,
+            total_memory: capacity,
+            virtual_memory,
+            granularity: if virtual_memory { SIM_GRANULARITY } else { 0 },
+        };
+        let state = State { next_address: SIM_BASE_ADDRESS, next_handle: 1, ..State::default() };
+        SimBackend { caps, state: Mutex::new(state) }
+    }
+
+    /// A device the size of an H100 80GB (85,017,493,504 bytes), as PyTorch saw it.
+    pub fn h100() -> SimBackend {
+        SimBackend::new(85_017_493_504)
+    }
+
+    /// Sets the device ordinal reported in [`Capabilities::device`].
+    pub fn with_device(mut self, device: usize) -> SimBackend {
+        self.caps.device = device;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the state half-updated in a way
+        // that matters more than losing the simulation, so recover the guard.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the counters.
+    pub fn counters(&self) -> SimCounters {
+        self.lock().counters.clone()
+    }
+
+    /// Makes the `n`th call of `kind` from now (1 = the next one) fail with `fault`.
+    pub fn fail_nth(&self, kind: CallKind, n: u64, fault: Fault) {
+        let mut st = self.lock();
+        let at = st.counters.count(kind) + n.max(1);
+        st.faults.entry(kind).or_default().push((at, fault));
+    }
+
+    /// Makes segment allocations and page creations fail with out-of-memory when
+    /// they would raise the bytes in use above `bytes`; `None` removes the limit.
+    pub fn set_watermark(&self, bytes: Option<u64>) {
+        self.lock().watermark = bytes;
+    }
+
+    /// In manual mode, events complete only through [`SimBackend::complete_stream`],
+    /// [`SimBackend::complete_all`] or a synchronize call.
+    pub fn set_manual_events(&self, manual: bool) {
+        let mut st = self.lock();
+        st.manual_events = manual;
+        if !manual {
+            complete_all(&mut st);
+        }
+    }
+
+    /// Completes all work recorded so far on `stream`.
+    pub fn complete_stream(&self, stream: StreamId) {
+        let mut st = self.lock();
+        if let Some(s) = st.streams.get_mut(&stream) {
+            s.1 = s.0;
+        }
+    }
+
+    /// Completes all work on every stream.
+    pub fn complete_all(&self) {
+        complete_all(&mut self.lock());
+    }
+
+    /// Live segments (base, size), by address.
+    pub fn live_segments(&self) -> Vec<(DevicePtr, u64)> {
+        let mut v: Vec<_> = self.lock().segments.iter().map(|(a, s)| (*a, *s)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Live pages plus live segments plus reserved ranges: zero once everything was
+    /// given back.
+    pub fn live_objects(&self) -> usize {
+        let st = self.lock();
+        st.segments.len() + st.pages.len() + st.ranges.len()
+    }
+}
+
+fn complete_all(st: &mut State) {
+    for s in st.streams.values_mut() {
+        s.1 = s.0;
+    }
+}
+
+impl State {
+    /// Counts the call and applies any injected fault.
+    fn enter(&mut self, kind: CallKind, requested: u64) -> BackendResult<()> {
+        let n = {
+            let c = self.counters.calls.entry(kind).or_default();
+            *c += 1;
+            *c
+        };
+        let fault = self.faults.get_mut(&kind).and_then(|list| {
+            let i = list.iter().position(|(at, _)| *at == n)?;
+            Some(list.swap_remove(i).1)
+        });
+        match fault {
+            None => Ok(()),
+            Some(f) => {
+                self.counters.injected += 1;
+                Err(match f {
+                    Fault::OutOfMemory => BackendError::OutOfMemory { call: kind, requested },
+                    Fault::DeviceError => BackendError::Device { call: kind, message: format!("injected fault on call {n}") },
+                })
+            }
+        }
+    }
+
+    fn misuse(&mut self, err: BackendError) -> BackendError {
+        self.counters.misuse += 1;
+        err
+    }
+
+    fn take_memory(&mut self, kind: CallKind, size: u64, capacity: u64) -> BackendResult<()> {
+        let after = self.counters.used.checked_add(size);
+        if after.is_none_or(|a| a > capacity) {
+            return Err(BackendError::OutOfMemory { call: kind, requested: size });
+        }
+        if self.watermark.is_some_and(|w| after.is_some_and(|a| a > w)) {
+            self.counters.injected += 1;
+            return Err(BackendError::OutOfMemory { call: kind, requested: size });
+        }
+        self.counters.used += size;
+        self.counters.peak_used = self.counters.peak_used.max(self.counters.used);
+        Ok(())
+    }
+
+    /// Hands out a fresh address range of `size` bytes, 2 MiB aligned, followed by a
+    /// guard gap.
+    fn fresh_addresses(&mut self, size: u64) -> DevicePtr {
+        let base = self.next_address;
+        let span = size.div_ceil(SIM_GRANULARITY).max(1) + 1;
+        self.next_address = base.saturating_add(span * SIM_GRANULARITY);
+        base
+    }
+
+    fn event(&mut self, kind: CallKind, event: EventId) -> BackendResult<&mut Event> {
+        if !self.events.contains_key(&event) {
+            return Err(self.misuse(BackendError::InvalidAddress { call: kind, what: "event", value: event.0 }));
+        }
+        Ok(self.events.get_mut(&event).expect("checked above"))
+    }
+
+    fn event_done(&self, ev: &Event) -> bool {
+        match ev.recorded {
+            None => true,
+            Some((stream, seq)) => self.streams.get(&stream).is_none_or(|s| s.1 >= seq),
+        }
+    }
+
+    fn range_of(&self, addr: DevicePtr) -> Option<(DevicePtr, &Range)> {
+        let (base, r) = self.ranges.range(..=addr).next_back()?;
+        (addr < base + r.size).then_some((*base, r))
+    }
+}
+
+impl Backend for SimBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn mem_info(&self) -> BackendResult<MemInfo> {
+        let mut st = self.lock();
+        st.enter(CallKind::MemInfo, 0)?;
+        Ok(MemInfo { free: self.caps.total_memory - st.counters.used, total: self.caps.total_memory })
+    }
+
+    fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+        let mut st = self.lock();
+        st.enter(CallKind::SegmentAlloc, size)?;
+        if size == 0 {
+            let reason = "zero-size segment".to_string();
+            return Err(st.misuse(BackendError::InvalidArgument { call: CallKind::SegmentAlloc, reason }));
+        }
+        st.take_memory(CallKind::SegmentAlloc, size, self.caps.total_memory)?;
+        let base = st.fresh_addresses(size);
+        st.segments.insert(base, size);
+        Ok(base)
+    }
+
+    fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::SegmentFree, 0)?;
+        match st.segments.remove(&ptr) {
+            Some(size) => {
+                st.counters.used -= size;
+                Ok(())
+            }
+            None => Err(st.misuse(BackendError::InvalidAddress { call: CallKind::SegmentFree, what: "segment", value: ptr })),
+        }
+    }
+
+    fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
+        let call = CallKind::ReserveRange;
+        if !self.caps.virtual_memory {
+            return Err(BackendError::Unsupported { call, backend: "sim" });
+        }
+        let mut st = self.lock();
+        st.enter(call, size)?;
+        if size == 0 || !size.is_multiple_of(SIM_GRANULARITY) {
+            let reason = format!("size {size} is not a positive multiple of the granularity");
+            return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
+        }
+        let base = st.fresh_addresses(size);
+        st.ranges.insert(base, Range { size, mapped: BTreeMap::new() });
+        Ok(base)
+    }
+
+    fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
+        let call = CallKind::ReleaseRange;
+        let mut st = self.lock();
+        st.enter(call, 0)?;
+        let Some(r) = st.ranges.get(&base) else {
+            return Err(st.misuse(BackendError::InvalidAddress { call, what: "range", value: base }));
+        };
+        if r.size != size || !r.mapped.is_empty() {
+            let reason = format!("range {base:#x} has size {} and {} mapped pages", r.size, r.mapped.len());
+            return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
+        }
+        st.ranges.remove(&base);
+        Ok(())
+    }
+
+    fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
+        let call = CallKind::CreatePage;
+        if !self.caps.virtual_memory {
+            return Err(BackendError::Unsupported { call, backend: "sim" });
+        }
+        let mut st = self.lock();
+        st.enter(call, size)?;
+        if size == 0 || !size.is_multiple_of(SIM_GRANULARITY) {
+            let reason = format!("page size {size} is not a positive multiple of the granularity");
+            return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
+        }
+        st.take_memory(call, size, self.caps.total_memory)?;
+        let handle = PageHandle(st.next_handle);
+        st.next_handle += 1;
+        st.pages.insert(handle, (size, 0));
+        Ok(handle)
+    }
+
+    fn release_page(&self, page: PageHandle) -> BackendResult<()> {
+        let call = CallKind::ReleasePage;
+        let mut st = self.lock();
+        st.enter(call, 0)?;
+        match st.pages.get(&page).copied() {
+            None => Err(st.misuse(BackendError::InvalidAddress { call, what: "page", value: page.0 })),
+            Some((_, maps)) if maps > 0 => {
+                let reason = format!("page {} is still mapped {maps} time(s)", page.0);
+                Err(st.misuse(BackendError::InvalidArgument { call, reason }))
+            }
+            Some((size, _)) => {
+                st.pages.remove(&page);
+                st.counters.used -= size;
+                Ok(())
+            }
+        }
+    }
+
+    fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
+        let call = CallKind::Map;
+        let mut st = self.lock();
+        st.enter(call, 0)?;
+        let Some((size, _)) = st.pages.get(&page).copied() else {
+            return Err(st.misuse(BackendError::InvalidAddress { call, what: "page", value: page.0 }));
+        };
+        let fits = st.range_of(addr).and_then(|(base, r)| {
+            let off = addr - base;
+            let aligned = off.is_multiple_of(SIM_GRANULARITY) && off + size <= r.size;
+            let before_ok = r.mapped.range(..=off).next_back().is_none_or(|(o, (_, s))| o + s <= off);
+            let after_ok = r.mapped.range(off..).next().is_none_or(|(o, _)| *o >= off + size);
+            (aligned && before_ok && after_ok).then_some((base, off))
+        });
+        let Some((base, off)) = fits else {
+            let reason = format!("cannot map {size} bytes at {addr:#x}: misaligned, unreserved or overlapping");
+            return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
+        };
+        st.ranges.get_mut(&base).expect("found above").mapped.insert(off, (page, size));
+        st.pages.get_mut(&page).expect("found above").1 += 1;
+        Ok(())
+    }
+
+    fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
+        let call = CallKind::Unmap;
+        let mut st = self.lock();
+        st.enter(call, 0)?;
+        let covered = st.range_of(addr).and_then(|(base, r)| {
+            let (start, end) = (addr - base, addr - base + size);
+            let pages: Vec<(u64, PageHandle, u64)> =
+                r.mapped.range(start..end).map(|(o, (p, s))| (*o, *p, *s)).collect();
+            let mut cursor = start;
+            for (o, _, s) in &pages {
+                if *o != cursor {
+                    return None;
+                }
+                cursor += s;
+            }
+            (size > 0 && cursor == end).then_some((base, pages))
+        });
+        let Some((base, pages)) = covered else {
+            let reason = format!("{size} bytes at {addr:#x} are not whole mapped pages");
+            return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
+        };
+        for (off, page, _) in pages {
+            st.ranges.get_mut(&base).expect("found above").mapped.remove(&off);
+            if let Some(p) = st.pages.get_mut(&page) {
+                p.1 -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn create_event(&self) -> BackendResult<EventId> {
+        let mut st = self.lock();
+        st.enter(CallKind::CreateEvent, 0)?;
+        let id = EventId(st.next_handle);
+        st.next_handle += 1;
+        st.events.insert(id, Event::default());
+        Ok(id)
+    }
+
+    fn destroy_event(&self, event: EventId) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::DestroyEvent, 0)?;
+        st.event(CallKind::DestroyEvent, event)?;
+        st.events.remove(&event);
+        Ok(())
+    }
+
+    fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::RecordEvent, 0)?;
+        st.event(CallKind::RecordEvent, event)?;
+        let manual = st.manual_events;
+        let s = st.streams.entry(stream).or_default();
+        s.0 += 1;
+        if !manual {
+            s.1 = s.0;
+        }
+        let seq = s.0;
+        st.event(CallKind::RecordEvent, event)?.recorded = Some((stream, seq));
+        Ok(())
+    }
+
+    fn query_event(&self, event: EventId) -> BackendResult<bool> {
+        let mut st = self.lock();
+        st.enter(CallKind::QueryEvent, 0)?;
+        st.event(CallKind::QueryEvent, event)?;
+        Ok(st.event_done(&st.events[&event]))
+    }
+
+    fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::SynchronizeEvent, 0)?;
+        let recorded = st.event(CallKind::SynchronizeEvent, event)?.recorded;
+        if let Some((stream, seq)) = recorded {
+            let s = st.streams.entry(stream).or_default();
+            s.1 = s.1.max(seq);
+        }
+        Ok(())
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::SynchronizeStream, 0)?;
+        if let Some(s) = st.streams.get_mut(&stream) {
+            s.1 = s.0;
+        }
+        Ok(())
+    }
+
+    fn synchronize_device(&self) -> BackendResult<()> {
+        let mut st = self.lock();
+        st.enter(CallKind::SynchronizeDevice, 0)?;
+        complete_all(&mut st);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_strict_and_counted() {
+        let sim = SimBackend::new(10 << 20);
+        let a = sim.allocate_segment(4 << 20).unwrap();
+        assert_eq!(a, SIM_BASE_ADDRESS);
+        let b = sim.allocate_segment(4 << 20).unwrap();
+        assert!(b >= a + (6 << 20), "guard gap between segments");
+        assert!(sim.allocate_segment(4 << 20).unwrap_err().is_out_of_memory());
+        sim.free_segment(a).unwrap();
+        assert!(matches!(sim.free_segment(a), Err(BackendError::InvalidAddress { .. })));
+        assert!(matches!(sim.free_segment(a + 512), Err(BackendError::InvalidAddress { .. })));
+        let c = sim.counters();
+        assert_eq!(c.count(CallKind::SegmentAlloc), 3);
+        assert_eq!(c.misuse, 2);
+        assert_eq!(c.used, 4 << 20);
+        sim.free_segment(b).unwrap();
+        assert_eq!(sim.live_objects(), 0);
+    }
+
+    #[test]
+    fn faults_fire_on_the_nth_call_and_watermark() {
+        let sim = SimBackend::new(1 << 30);
+        sim.fail_nth(CallKind::SegmentAlloc, 2, Fault::DeviceError);
+        assert!(sim.allocate_segment(1 << 20).is_ok());
+        assert!(matches!(sim.allocate_segment(1 << 20), Err(BackendError::Device { .. })));
+        assert!(sim.allocate_segment(1 << 20).is_ok());
+        sim.set_watermark(Some(3 << 20));
+        assert!(sim.allocate_segment(2 << 20).unwrap_err().is_out_of_memory());
+        assert_eq!(sim.counters().injected, 2);
+    }
+
+    #[test]
+    fn virtual_memory_maps_whole_pages() {
+        let sim = SimBackend::new(1 << 30);
+        let g = SIM_GRANULARITY;
+        let base = sim.reserve_range(8 * g).unwrap();
+        let p = sim.create_page(2 * g).unwrap();
+        assert!(sim.map(base + 512, p).is_err());
+        sim.map(base + 2 * g, p).unwrap();
+        assert!(sim.map(base + 3 * g, p).is_err(), "overlap");
+        assert!(sim.release_page(p).is_err(), "still mapped");
+        assert!(sim.release_range(base, 8 * g).is_err(), "still mapped");
+        assert!(sim.unmap(base + 2 * g, g).is_err(), "half a page");
+        sim.unmap(base + 2 * g, 2 * g).unwrap();
+        sim.release_page(p).unwrap();
+        sim.release_range(base, 8 * g).unwrap();
+        assert_eq!(sim.live_objects(), 0);
+        let no_vm = SimBackend::with_options(1 << 30, false);
+        assert!(matches!(no_vm.reserve_range(g), Err(BackendError::Unsupported { .. })));
+    }
+
+    #[test]
+    fn manual_events_complete_when_told() {
+        let sim = SimBackend::new(1 << 30);
+        sim.set_manual_events(true);
+        let e = sim.create_event().unwrap();
+        assert!(sim.query_event(e).unwrap(), "never recorded: complete");
+        sim.record_event(e, StreamId(7)).unwrap();
+        assert!(!sim.query_event(e).unwrap());
+        sim.complete_stream(StreamId(7));
+        assert!(sim.query_event(e).unwrap());
+        sim.record_event(e, StreamId(7)).unwrap();
+        sim.synchronize_event(e).unwrap();
+        assert!(sim.query_event(e).unwrap());
+        sim.destroy_event(e).unwrap();
+        assert!(sim.query_event(e).is_err());
+    }
+}

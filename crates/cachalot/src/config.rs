@@ -1,0 +1,363 @@
+//! Allocator configuration, parsed from `PYTORCH_CUDA_ALLOC_CONF` syntax.
+//!
+//! The syntax is PyTorch's: comma-separated `key:value` pairs, list values in
+//! brackets (`roundup_power2_divisions:[256:1,512:2,>:8]`), whitespace ignored,
+//! booleans exactly `True` or `False`. cachalot adds one key, `policy`
+//! (`pytorch` or `cachalot`), and keys of its own policy prefixed `cachalot_`.
+//! Unknown keys and bad values are errors that name the key. One parser,
+//! [`AllocatorConfig::parse`], serves the library, the CLI and the PyTorch plug-in.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// One mebibyte.
+pub const MIB: u64 = 1 << 20;
+
+/// Number of `roundup_power2_divisions` buckets (1 MiB, 2 MiB, ... 16 GiB and above).
+pub const ROUNDUP_BUCKETS: usize = 16;
+
+/// The allocation policy.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PolicyKind {
+    /// PyTorch 2.11's native caching allocator, reproduced exactly.
+    #[default]
+    Pytorch,
+    /// cachalot's own lower-fragmentation policy.
+    Cachalot,
+}
+
+impl PolicyKind {
+    /// The name used in configuration strings and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Pytorch => "pytorch",
+            PolicyKind::Cachalot => "cachalot",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "pytorch" => Ok(PolicyKind::Pytorch),
+            "cachalot" => Ok(PolicyKind::Cachalot),
+            _ => Err(ConfigError::bad("policy", s, "expected `pytorch` or `cachalot`")),
+        }
+    }
+}
+
+/// A configuration string that could not be parsed. Remedy: fix the string.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A key this allocator does not know.
+    #[error("unrecognized key '{0}' in allocator config")]
+    UnknownKey(String),
+    /// A known key with a value it cannot take.
+    #[error("bad value '{value}' for allocator config key '{key}': {reason}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// The string is not a list of `key:value` pairs.
+    #[error("malformed allocator config near '{0}': expected key:value")]
+    Syntax(String),
+}
+
+impl ConfigError {
+    fn bad(key: &str, value: &str, reason: &str) -> ConfigError {
+        ConfigError::BadValue { key: key.into(), value: value.into(), reason: reason.into() }
+    }
+}
+
+/// Allocator settings. Defaults are PyTorch's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AllocatorConfig {
+    /// Which policy places blocks. Default: `pytorch`.
+    pub policy: PolicyKind,
+    /// Blocks of at least this size are never split (`max_split_size_mb`).
+    /// Default: unlimited (`None`).
+    pub max_split_size: Option<u64>,
+    /// How much larger than the request a cached oversize block may be and still
+    /// serve it (`max_non_split_rounding_mb`). Default: 20 MiB.
+    pub max_non_split_rounding: u64,
+    /// Divisions per power-of-two interval for size rounding, per bucket
+    /// (1 MiB, 2 MiB, ..., 16 GiB and above); 0 or 1 = plain 512-byte rounding.
+    /// Default: all 0.
+    pub roundup_power2_divisions: [u64; ROUNDUP_BUCKETS],
+    /// Fraction of the allowed memory above which cached blocks are reclaimed
+    /// (`garbage_collection_threshold`); 0 = off. Needs a memory fraction below 1.
+    pub garbage_collection_threshold: f64,
+    /// Grow segments by mapping pages instead of allocating new segments.
+    pub expandable_segments: bool,
+    /// Fraction of device memory this allocator may reserve. Default: 1.
+    pub per_process_memory_fraction: f64,
+    /// Accepted for compatibility; cachalot never holds a lock across a driver call
+    /// that this would change.
+    pub release_lock_on_cudamalloc: bool,
+    /// Accepted for compatibility (pinned host memory settings).
+    pub pinned_use_cuda_host_register: bool,
+    /// Accepted for compatibility (pinned host memory settings).
+    pub pinned_num_register_threads: u64,
+    /// Accepted for compatibility (pinned host memory settings).
+    pub pinned_use_background_threads: bool,
+    /// Accepted for compatibility (CUDA graph capture is not modelled).
+    pub graph_capture_record_stream_reuse: bool,
+    /// The string this configuration was parsed from.
+    pub source: String,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            policy: PolicyKind::Pytorch,
+            max_split_size: None,
+            max_non_split_rounding: 20 * MIB,
+            roundup_power2_divisions: [0; ROUNDUP_BUCKETS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            per_process_memory_fraction: 1.0,
+            release_lock_on_cudamalloc: false,
+            pinned_use_cuda_host_register: false,
+            pinned_num_register_threads: 1,
+            pinned_use_background_threads: false,
+            graph_capture_record_stream_reuse: false,
+            source: String::new(),
+        }
+    }
+}
+
+impl FromStr for AllocatorConfig {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        AllocatorConfig::parse(s)
+    }
+}
+
+impl AllocatorConfig {
+    /// Parses a `PYTORCH_CUDA_ALLOC_CONF`-style string. The empty string gives the
+    /// defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first unknown key or bad value.
+    pub fn parse(s: &str) -> Result<AllocatorConfig, ConfigError> {
+        let mut cfg = AllocatorConfig { source: s.to_string(), ..AllocatorConfig::default() };
+        let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        for item in split_top_level(&compact)? {
+            let (key, value) = item.split_once(':').ok_or_else(|| ConfigError::Syntax(item.into()))?;
+            cfg.set(key, value)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Sets one key from its string value.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownKey`] or [`ConfigError::BadValue`].
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match key {
+            "policy" => self.policy = value.parse()?,
+            "backend" if value == "native" => {}
+            "backend" => return Err(ConfigError::bad(key, value, "only `native` is provided")),
+            "max_split_size_mb" => self.max_split_size = Some(parse_mb_at_least_20(key, value)?),
+            "max_non_split_rounding_mb" => self.max_non_split_rounding = parse_mb_at_least_20(key, value)?,
+            "roundup_power2_divisions" => self.roundup_power2_divisions = parse_divisions(value)?,
+            "garbage_collection_threshold" => {
+                let t = parse_f64(key, value)?;
+                if !(t > 0.0 && t < 1.0) {
+                    return Err(ConfigError::bad(key, value, "must be within (0.0, 1.0)"));
+                }
+                self.garbage_collection_threshold = t;
+            }
+            "per_process_memory_fraction" => {
+                let f = parse_f64(key, value)?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
+                }
+                self.per_process_memory_fraction = f;
+            }
+            "expandable_segments" => self.expandable_segments = parse_bool(key, value)?,
+            "release_lock_on_cudamalloc" => self.release_lock_on_cudamalloc = parse_bool(key, value)?,
+            "pinned_use_cuda_host_register" => self.pinned_use_cuda_host_register = parse_bool(key, value)?,
+            "pinned_use_background_threads" => self.pinned_use_background_threads = parse_bool(key, value)?,
+            "graph_capture_record_stream_reuse" => {
+                self.graph_capture_record_stream_reuse = parse_bool(key, value)?
+            }
+            "pinned_num_register_threads" => {
+                let n = parse_u64(key, value)?;
+                if !n.is_power_of_two() || n > 128 {
+                    return Err(ConfigError::bad(key, value, "must be a power of 2 no larger than 128"));
+                }
+                self.pinned_num_register_threads = n;
+            }
+            _ => return Err(ConfigError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// The divisions that apply to a (rounded or raw) request of `size` bytes.
+    pub fn divisions_for(&self, size: u64) -> u64 {
+        let log = 63 - u64::from(size.max(1).leading_zeros());
+        let start = MIB.trailing_zeros() as u64;
+        let index = log.saturating_sub(start).min(ROUNDUP_BUCKETS as u64 - 1);
+        self.roundup_power2_divisions[index as usize]
+    }
+}
+
+/// Splits on commas that are not inside brackets.
+fn split_top_level(s: &str) -> Result<Vec<&str>, ConfigError> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err(ConfigError::Syntax(s[start..].to_string()));
+        }
+    }
+    if depth != 0 {
+        return Err(ConfigError::Syntax(s[start..].to_string()));
+    }
+    items.push(&s[start..]);
+    Ok(items.into_iter().filter(|i| !i.is_empty()).collect())
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "True" => Ok(true),
+        "False" => Ok(false),
+        _ => Err(ConfigError::bad(key, value, "expected `True` or `False`")),
+    }
+}
+
+fn parse_u64(key: &str, value: &str) -> Result<u64, ConfigError> {
+    value.parse().map_err(|_| ConfigError::bad(key, value, "expected a non-negative integer"))
+}
+
+fn parse_f64(key: &str, value: &str) -> Result<f64, ConfigError> {
+    value.parse().map_err(|_| ConfigError::bad(key, value, "expected a number"))
+}
+
+fn parse_mb_at_least_20(key: &str, value: &str) -> Result<u64, ConfigError> {
+    let mb = parse_u64(key, value)?;
+    if mb < 20 {
+        return Err(ConfigError::bad(key, value, "must be at least 20 (MiB)"));
+    }
+    mb.checked_mul(MIB).ok_or_else(|| ConfigError::bad(key, value, "too large"))
+}
+
+fn parse_division_value(value: &str) -> Result<u64, ConfigError> {
+    let key = "roundup_power2_divisions";
+    let v = parse_u64(key, value)?;
+    if v != 0 && !v.is_power_of_two() {
+        return Err(ConfigError::bad(key, value, "divisions must be a power of 2 or 0"));
+    }
+    Ok(v)
+}
+
+/// Parses `4` or `[256:1,512:2,>:8]` (interval keys in MiB, powers of two).
+fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_BUCKETS], ConfigError> {
+    let key = "roundup_power2_divisions";
+    let Some(list) = value.strip_prefix('[') else {
+        return Ok([parse_division_value(value)?; ROUNDUP_BUCKETS]);
+    };
+    let list = list
+        .strip_suffix(']')
+        .ok_or_else(|| ConfigError::bad(key, value, "unclosed list"))?;
+    let mut out = [0u64; ROUNDUP_BUCKETS];
+    let mut last: Option<usize> = None;
+    for pair in list.split(',').filter(|p| !p.is_empty()) {
+        let (interval, divs) =
+            pair.split_once(':').ok_or_else(|| ConfigError::bad(key, pair, "expected interval:divisions"))?;
+        let divs = parse_division_value(divs)?;
+        if interval == ">" {
+            let from = last.map_or(0, |l| l + 1);
+            out[from.min(ROUNDUP_BUCKETS)..].fill(divs);
+            continue;
+        }
+        let mb = parse_u64(key, interval)?;
+        if !mb.is_power_of_two() {
+            return Err(ConfigError::bad(key, interval, "intervals must be powers of 2 (MiB)"));
+        }
+        let index = (63 - mb.leading_zeros() as usize).min(ROUNDUP_BUCKETS - 1);
+        if last.is_none() {
+            out[..index].fill(divs);
+        }
+        out[index] = divs;
+        last = Some(index);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_default() {
+        let c = AllocatorConfig::parse("").unwrap();
+        assert_eq!(c.max_split_size, None);
+        assert_eq!(c.policy, PolicyKind::Pytorch);
+    }
+
+    #[test]
+    fn parses_known_keys() {
+        let c = AllocatorConfig::parse(
+            "max_split_size_mb:64, expandable_segments:True,roundup_power2_divisions:4,policy:cachalot",
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size, Some(64 * MIB));
+        assert!(c.expandable_segments);
+        assert_eq!(c.roundup_power2_divisions, [4; ROUNDUP_BUCKETS]);
+        assert_eq!(c.policy, PolicyKind::Cachalot);
+    }
+
+    #[test]
+    fn parses_division_lists() {
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
+        let d = c.roundup_power2_divisions;
+        assert_eq!(d[0], 1);
+        assert_eq!(d[8], 1);
+        assert_eq!(d[9], 2);
+        assert_eq!(d[10], 4);
+        assert_eq!(d[11..], [8; 5]);
+        assert_eq!(c.divisions_for(300 * MIB), 1);
+        assert_eq!(c.divisions_for(600 * MIB), 2);
+        assert_eq!(c.divisions_for(1 << 40), 8);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();
+        assert!(e.to_string().contains("max_split_size_mb"), "{e}");
+        let e = AllocatorConfig::parse("bogus:1").unwrap_err();
+        assert_eq!(e, ConfigError::UnknownKey("bogus".into()));
+        assert!(AllocatorConfig::parse("expandable_segments:true").is_err());
+        assert!(AllocatorConfig::parse("garbage_collection_threshold:1.0").is_err());
+        assert!(AllocatorConfig::parse("roundup_power2_divisions:3").is_err());
+        assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
+        assert!(AllocatorConfig::parse("expandable_segments").is_err());
+        assert!(AllocatorConfig::parse("per_process_memory_fraction:1.5").is_err());
+    }
+}

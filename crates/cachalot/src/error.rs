@@ -1,0 +1,182 @@
+//! Errors, grouped by what the caller should do about them.
+//!
+//! * [`Error::OutOfMemory`]: transient. Free memory (drop allocations, or call
+//!   `empty_cache` in another allocator sharing the device) and retry.
+//! * [`Error::TooLarge`]: the request can never be met. Ask for less.
+//! * [`Error::InvalidFree`] / [`Error::InvalidArgument`] / [`Error::Config`]: a bug
+//!   in the caller. Fix the call; the allocator's state is unchanged.
+//! * [`Error::Backend`]: the device failed. Treat it as lost.
+//!
+//! A broken internal invariant is not an error variant: it is what
+//! `validate()` reports, as an [`InvariantViolation`].
+
+use std::fmt;
+
+use thiserror::Error;
+
+use crate::backend::{BackendError, DevicePtr, StreamId};
+use crate::config::ConfigError;
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Requests above this many bytes (one exbibyte) are refused outright, as PyTorch does.
+pub const MAX_REQUEST: u64 = 1 << 60;
+
+/// Everything an allocator call can fail with.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum Error {
+    /// The device has no room for the request even after freeing every cached
+    /// block. Remedy: free memory and retry.
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+    /// The request exceeds what any device could hold. Remedy: ask for less.
+    #[error("out of memory: tried to allocate {requested} bytes, more than the {limit}-byte limit (1 EiB)")]
+    TooLarge {
+        /// Bytes asked for.
+        requested: u64,
+        /// The largest request accepted.
+        limit: u64,
+    },
+    /// A free (or record_stream) of an address this allocator did not hand out,
+    /// or already took back. Remedy: fix the caller.
+    #[error("invalid free of {ptr:#x}: {reason}")]
+    InvalidFree {
+        /// The address passed.
+        ptr: DevicePtr,
+        /// Why it is invalid.
+        reason: FreeError,
+    },
+    /// An argument outside its contract (a memory fraction above 1, say).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A malformed configuration string.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The device failed in a way the allocator cannot recover from.
+    #[error("device failure: {0}")]
+    Backend(#[from] BackendError),
+}
+
+/// Why a free was refused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FreeError {
+    /// The address was handed out once but is already freed.
+    DoubleFree,
+    /// The address was never handed out by this allocator.
+    Foreign,
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FreeError::DoubleFree => "already freed (double free)",
+            FreeError::Foreign => "not allocated by this allocator",
+        })
+    }
+}
+
+/// The numbers behind an out-of-memory error. Its `Display` follows PyTorch's
+/// message, so logs read the same.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomReport {
+    /// The device ordinal.
+    pub device: usize,
+    /// The caller's request, in bytes.
+    pub requested: u64,
+    /// The device allocation that failed (a segment or mapping size), in bytes.
+    /// PyTorch reports this figure as "Tried to allocate".
+    pub alloc_size: u64,
+    /// The device's total memory.
+    pub capacity: u64,
+    /// The device's free memory as the backend reported it.
+    pub device_free: u64,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// Bytes in segments.
+    pub reserved: u64,
+    /// The memory fraction limit in bytes, when one is set.
+    pub allowed: Option<u64>,
+    /// The stream the request came on.
+    pub stream: StreamId,
+    /// The allocator configuration string in force.
+    pub config: String,
+}
+
+impl OomReport {
+    /// Reserved bytes that no allocation uses (fragmentation and cache).
+    pub fn reserved_unallocated(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. ",
+            format_size(self.alloc_size),
+            self.device,
+            format_size(self.capacity),
+            format_size(self.device_free),
+        )?;
+        if let Some(allowed) = self.allowed {
+            write!(f, "{} allowed; ", format_size(allowed))?;
+        }
+        write!(
+            f,
+            "Of the allocated memory {} is allocated by cachalot, and {} is reserved by cachalot but unallocated. \
+             If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+             (or policy:cachalot) to avoid fragmentation.",
+            format_size(self.allocated),
+            format_size(self.reserved_unallocated()),
+        )
+    }
+}
+
+/// Formats a byte count as PyTorch's messages do: `N bytes` up to 1 KiB, else two
+/// decimals of KiB, MiB or GiB.
+pub fn format_size(bytes: u64) -> String {
+    const KIB: u64 = 1024;
+    const MIB: u64 = KIB * 1024;
+    const GIB: u64 = MIB * 1024;
+    if bytes <= KIB {
+        format!("{bytes} bytes")
+    } else if bytes <= MIB {
+        format!("{:.2} KiB", bytes as f64 / KIB as f64)
+    } else if bytes <= GIB {
+        format!("{:.2} MiB", bytes as f64 / MIB as f64)
+    } else {
+        format!("{:.2} GiB", bytes as f64 / GIB as f64)
+    }
+}
+
+/// A broken allocator invariant, found by `validate()`. Never expected: each one is
+/// a bug in cachalot.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[error("invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+/// Returns `Err(InvariantViolation)` with a formatted message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure_invariant {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::error::InvariantViolation(format!($($msg)+)));
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_format_like_pytorch() {
+        assert_eq!(format_size(0), "0 bytes");
+        assert_eq!(format_size(1024), "1024 bytes");
+        assert_eq!(format_size(64 << 20), "64.00 MiB");
+        assert_eq!(format_size(85017493504), "79.18 GiB");
+        assert_eq!(format_size(850174935), "810.79 MiB");
+    }
+}

@@ -1,0 +1,103 @@
+//! Allocator events: what happened to memory, in PyTorch's trace vocabulary.
+//!
+//! Policies report each state change to an optional [`Observer`] as a
+//! [`TraceEvent`]; history recording, the replay engine and tests hang off that
+//! single hook. The same type is what the trace readers produce, so a recording
+//! and a replay speak one language.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{DevicePtr, StreamId};
+
+/// What happened.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A block was handed to a caller (`size` = requested bytes).
+    Alloc,
+    /// The caller freed a block; it may still be in use by a stream.
+    FreeRequested,
+    /// The block became reusable.
+    FreeCompleted,
+    /// A segment was obtained from the device.
+    SegmentAlloc,
+    /// A segment was returned to the device.
+    SegmentFree,
+    /// Pages were mapped into an expandable segment.
+    SegmentMap,
+    /// Pages were unmapped from an expandable segment.
+    SegmentUnmap,
+    /// A snapshot was taken (`size` = active bytes).
+    Snapshot,
+    /// An allocation failed for lack of memory (`size` = requested bytes,
+    /// `addr` = device free bytes).
+    Oom,
+}
+
+impl Action {
+    /// Every action.
+    pub const ALL: [Action; 9] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+    ];
+
+    /// PyTorch's name for the action.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Action {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Action::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| format!("unknown action '{s}'"))
+    }
+}
+
+/// One event.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// Microseconds (since the epoch for recordings; since the start for replays).
+    pub time_us: u64,
+    /// What happened.
+    pub action: Action,
+    /// The block or segment address.
+    pub addr: DevicePtr,
+    /// Bytes (see [`Action`] for which).
+    pub size: u64,
+    /// The stream.
+    pub stream: StreamId,
+}
+
+/// Receives every event of an allocator, on the thread that caused it.
+/// Implementations must be cheap and must not call back into the allocator.
+pub trait Observer: Send + Sync {
+    /// Called once per event, with the allocator's lock held.
+    fn on_event(&self, event: &TraceEvent);
+}

@@ -1,0 +1,304 @@
+//! Memory statistics with PyTorch's key names and meanings.
+//!
+//! A [`Stat`] is a gauge with its peak and two monotonic totals; a [`StatArray`]
+//! holds one per [`StatPool`] (`all`, `small_pool`, `large_pool`). [`MemoryStats`]
+//! declares every family once, in [`for_each_stat_family!`]-style lists, so the
+//! key names, resets and map export cannot drift apart.
+//!
+//! Policies change statistics in one place each: on block state transitions.
+//! Nothing else writes them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One statistic: a current value, its peak since the last peak reset, and the
+/// cumulative increases (`allocated`) and decreases (`freed`) since the last
+/// accumulated reset.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// The gauge.
+    pub current: i64,
+    /// The highest `current` since the last [`Stat::reset_peak`].
+    pub peak: i64,
+    /// Sum of all increases.
+    pub allocated: i64,
+    /// Sum of all decreases.
+    pub freed: i64,
+}
+
+impl Stat {
+    /// Adds `amount` to the gauge (a negative amount decreases it).
+    #[inline]
+    pub fn update(&mut self, amount: i64) {
+        self.current += amount;
+        debug_assert!(self.current >= 0, "stat went negative: {self:?}");
+        if amount > 0 {
+            self.allocated += amount;
+            self.peak = self.peak.max(self.current);
+        } else {
+            self.freed -= amount;
+        }
+    }
+
+    /// Adds `amount`.
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        self.update(amount as i64);
+    }
+
+    /// Subtracts `amount`.
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        self.update(-(amount as i64));
+    }
+
+    /// Sets the peak to the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    /// Zeroes the cumulative totals.
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+
+    fn export(&self, prefix: &str, out: &mut BTreeMap<String, i64>) {
+        out.insert(format!("{prefix}.current"), self.current);
+        out.insert(format!("{prefix}.peak"), self.peak);
+        out.insert(format!("{prefix}.allocated"), self.allocated);
+        out.insert(format!("{prefix}.freed"), self.freed);
+    }
+}
+
+/// Which pool a statistic counts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum StatPool {
+    /// Both pools together.
+    All,
+    /// Requests of 1 MiB or less.
+    Small,
+    /// Larger requests.
+    Large,
+}
+
+impl StatPool {
+    /// PyTorch's name for the pool in stat keys.
+    pub fn key(self) -> &'static str {
+        match self {
+            StatPool::All => "all",
+            StatPool::Small => "small_pool",
+            StatPool::Large => "large_pool",
+        }
+    }
+
+    /// The specific pool for a small (`true`) or large block.
+    pub fn of(small: bool) -> StatPool {
+        if small {
+            StatPool::Small
+        } else {
+            StatPool::Large
+        }
+    }
+}
+
+/// One [`Stat`] per pool.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatArray {
+    /// Both pools.
+    pub all: Stat,
+    /// The small pool.
+    pub small_pool: Stat,
+    /// The large pool.
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    /// Updates `all` and the given specific pool by `amount`.
+    #[inline]
+    pub fn update(&mut self, small: bool, amount: i64) {
+        self.all.update(amount);
+        if small {
+            self.small_pool.update(amount);
+        } else {
+            self.large_pool.update(amount);
+        }
+    }
+
+    /// The stat of one pool.
+    pub fn get(&self, pool: StatPool) -> &Stat {
+        match pool {
+            StatPool::All => &self.all,
+            StatPool::Small => &self.small_pool,
+            StatPool::Large => &self.large_pool,
+        }
+    }
+
+    fn each_mut(&mut self) -> [&mut Stat; 3] {
+        [&mut self.all, &mut self.small_pool, &mut self.large_pool]
+    }
+
+    fn export(&self, name: &str, out: &mut BTreeMap<String, i64>) {
+        for pool in [StatPool::All, StatPool::Small, StatPool::Large] {
+            self.get(pool).export(&format!("{name}.{}", pool.key()), out);
+        }
+    }
+}
+
+macro_rules! memory_stats {
+    (
+        arrays { $($(#[$adoc:meta])* $array:ident,)* }
+        singles { $($(#[$sdoc:meta])* $single:ident,)* }
+        counters { $($(#[$cdoc:meta])* $counter:ident,)* }
+    ) => {
+        /// A device allocator's statistics: PyTorch's `memory_stats()` families.
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct MemoryStats {
+            $($(#[$adoc])* pub $array: StatArray,)*
+            $($(#[$sdoc])* pub $single: Stat,)*
+            $($(#[$cdoc])* pub $counter: i64,)*
+            /// The configured split limit in bytes; -1 when unlimited (PyTorch's
+            /// `SIZE_MAX` seen as a signed integer).
+            pub max_split_size: i64,
+        }
+
+        impl MemoryStats {
+            /// Sets every peak to its current value (`reset_peak_memory_stats`).
+            pub fn reset_peak(&mut self) {
+                $(for s in self.$array.each_mut() { s.reset_peak(); })*
+                $(self.$single.reset_peak();)*
+            }
+
+            /// Zeroes every cumulative total and event counter
+            /// (`reset_accumulated_memory_stats`).
+            pub fn reset_accumulated(&mut self) {
+                $(for s in self.$array.each_mut() { s.reset_accumulated(); })*
+                $(self.$single.reset_accumulated();)*
+                $(self.$counter = 0;)*
+            }
+
+            /// Every statistic under PyTorch's flattened key name
+            /// (`allocated_bytes.all.current`, `num_ooms`, ...).
+            pub fn to_map(&self) -> BTreeMap<String, i64> {
+                let mut out = BTreeMap::new();
+                $(self.$array.export(stringify!($array), &mut out);)*
+                $(self.$single.export(stringify!($single), &mut out);)*
+                $(out.insert(stringify!($counter).to_string(), self.$counter);)*
+                out.insert("max_split_size".to_string(), self.max_split_size);
+                out
+            }
+        }
+    };
+}
+
+memory_stats! {
+    arrays {
+        /// COUNT of allocations handed out (drops when the caller frees).
+        allocation,
+        /// COUNT of segments obtained from the device.
+        segment,
+        /// COUNT of active blocks (allocated, or freed but still in use by a stream).
+        active,
+        /// COUNT of inactive split blocks (free blocks in segments holding active ones).
+        inactive_split,
+        /// SUM of allocated block sizes (rounded).
+        allocated_bytes,
+        /// SUM of segment sizes (reserved memory).
+        reserved_bytes,
+        /// SUM of active block sizes.
+        active_bytes,
+        /// SUM of inactive split block sizes.
+        inactive_split_bytes,
+        /// SUM of the sizes callers asked for, over active blocks.
+        requested_bytes,
+    }
+    singles {
+        /// COUNT of live allocations whose block is at least `max_split_size`.
+        oversize_allocations,
+        /// COUNT of segments of at least `max_split_size`.
+        oversize_segments,
+    }
+    counters {
+        /// Times the allocator freed all cached blocks and retried an allocation.
+        num_alloc_retries,
+        /// Out-of-memory errors returned.
+        num_ooms,
+        /// Times every outstanding stream event was synchronized.
+        num_sync_all_streams,
+        /// Device allocations and page maps.
+        num_device_alloc,
+        /// Device frees and page unmaps.
+        num_device_free,
+    }
+}
+
+impl MemoryStats {
+    /// Fresh statistics for an allocator whose split limit is `max_split_size`
+    /// (`None` = unlimited).
+    pub fn new(max_split_size: Option<u64>) -> MemoryStats {
+        MemoryStats {
+            max_split_size: max_split_size.map_or(-1, |v| v as i64),
+            ..MemoryStats::default()
+        }
+    }
+
+    /// `memory_allocated()`: bytes in allocated blocks.
+    pub fn memory_allocated(&self) -> u64 {
+        self.allocated_bytes.all.current as u64
+    }
+
+    /// `max_memory_allocated()`.
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.allocated_bytes.all.peak as u64
+    }
+
+    /// `memory_reserved()`: bytes in segments.
+    pub fn memory_reserved(&self) -> u64 {
+        self.reserved_bytes.all.current as u64
+    }
+
+    /// `max_memory_reserved()`.
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.reserved_bytes.all.peak as u64
+    }
+
+    /// One statistic by PyTorch's key name, if it exists.
+    pub fn get(&self, key: &str) -> Option<i64> {
+        self.to_map().get(key).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_tracks_peak_and_totals() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.decrease(4);
+        s.increase(2);
+        assert_eq!(s, Stat { current: 8, peak: 10, allocated: 12, freed: 4 });
+        s.reset_peak();
+        assert_eq!(s.peak, 8);
+        s.reset_accumulated();
+        assert_eq!((s.allocated, s.freed), (0, 0));
+    }
+
+    #[test]
+    fn map_has_pytorch_keys() {
+        let mut m = MemoryStats::new(None);
+        m.allocated_bytes.update(true, 512);
+        m.num_ooms = 2;
+        let map = m.to_map();
+        assert_eq!(map["allocated_bytes.all.current"], 512);
+        assert_eq!(map["allocated_bytes.small_pool.peak"], 512);
+        assert_eq!(map["allocated_bytes.large_pool.current"], 0);
+        assert_eq!(map["num_ooms"], 2);
+        assert_eq!(map["max_split_size"], -1);
+        assert_eq!(map["oversize_segments.peak"], 0);
+        // 9 families x 3 pools x 4 + 2 singles x 4 + 5 counters + max_split_size
+        assert_eq!(map.len(), 9 * 12 + 8 + 5 + 1);
+    }
+}
