@@ -60,8 +60,6 @@ pub(crate) struct State {
     pub(crate) spare_events: Vec<EventId>,
     /// Statistics and the observer.
     pub(crate) ledger: Ledger,
-    /// Segments obtained so far (the registration counter).
-    pub(crate) registrations: u64,
     /// Pages whose unmap or release failed, retried at `empty_cache`.
     pub(crate) orphan_pages: Vec<Orphan>,
     /// Ranges emptied but not yet released (a release failed).
@@ -99,7 +97,6 @@ impl State {
             allocated: HashMap::new(),
             pending: BTreeMap::new(),
             spare_events: Vec::new(),
-            registrations: 0,
             orphan_pages: Vec::new(),
             orphan_ranges: Vec::new(),
         };
@@ -121,12 +118,6 @@ impl State {
     /// Whether garbage collection of cached blocks is on.
     pub(crate) fn gc_enabled(&self) -> bool {
         self.allowed.is_some() && self.gc_threshold > 0.0
-    }
-
-    /// The next segment registration number.
-    pub(crate) fn register(&mut self) -> u64 {
-        self.registrations += 1;
-        self.registrations
     }
 
     /// Puts a free mapped block into its pool.
