@@ -10,7 +10,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 
 fn allocator(conf: &str) -> PytorchAllocator {
     let backend = Arc::new(SimBackend::h100());
-    PytorchAllocator::new(backend, AllocatorConfig::parse(conf).expect("valid bench conf")).expect("allocator")
+    PytorchAllocator::new(
+        backend,
+        AllocatorConfig::parse(conf).expect("valid bench conf"),
+    )
+    .expect("allocator")
 }
 
 fn bench(c: &mut Criterion) {
@@ -20,21 +24,33 @@ fn bench(c: &mut Criterion) {
             let a = allocator(conf);
             group.bench_function(format!("{name}/{label}"), |b| {
                 b.iter(|| {
-                    let p = a.malloc(black_box(size), StreamId::DEFAULT).expect("malloc");
+                    let p = a
+                        .malloc(black_box(size), StreamId::DEFAULT)
+                        .expect("malloc");
                     a.free(black_box(p)).expect("free");
                 })
             });
         }
         // A mixed working set: 64 live allocations of varied sizes, one replaced per iteration.
         let a = allocator(conf);
-        let sizes: Vec<u64> = (0..64u64).map(|i| 512 + (i * 7919 % 97) * ((i % 5) * 300_000 + 1000)).collect();
-        let mut live: Vec<u64> = sizes.iter().map(|s| a.malloc(*s, StreamId::DEFAULT).expect("malloc")).collect();
+        let sizes: Vec<u64> = (0..64u64)
+            .map(|i| 512 + (i * 7919 % 97) * ((i % 5) * 300_000 + 1000))
+            .collect();
+        let mut live: Vec<u64> = sizes
+            .iter()
+            .map(|s| a.malloc(*s, StreamId::DEFAULT).expect("malloc"))
+            .collect();
         let mut i = 0usize;
         group.bench_function(format!("{name}/mixed"), |b| {
             b.iter(|| {
                 let k = i % live.len();
                 a.free(live[k]).expect("free");
-                live[k] = a.malloc(black_box(sizes[(k * 13 + i) % sizes.len()]), StreamId::DEFAULT).expect("malloc");
+                live[k] = a
+                    .malloc(
+                        black_box(sizes[(k * 13 + i) % sizes.len()]),
+                        StreamId::DEFAULT,
+                    )
+                    .expect("malloc");
                 i += 1;
             })
         });
