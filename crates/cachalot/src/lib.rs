@@ -50,8 +50,10 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod replay;
 pub mod snapshot;
 pub mod stats;
+pub mod trace;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};
