@@ -194,7 +194,9 @@ impl AllocatorConfig {
             "release_lock_on_cudamalloc" => self.release_lock_on_cudamalloc = parse_bool(key, value)?,
             "pinned_use_cuda_host_register" => self.pinned_use_cuda_host_register = parse_bool(key, value)?,
             "pinned_use_background_threads" => self.pinned_use_background_threads = parse_bool(key, value)?,
-            "graph_capture_record_stream_reuse" => self.graph_capture_record_stream_reuse = parse_bool(key, value)?,
+            "graph_capture_record_stream_reuse" => {
+                self.graph_capture_record_stream_reuse = parse_bool(key, value)?
+            }
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
                 if !n.is_power_of_two() || n > 128 {
@@ -280,7 +282,9 @@ fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_BUCKETS], ConfigError> {
     let Some(list) = value.strip_prefix('[') else {
         return Ok([parse_division_value(value)?; ROUNDUP_BUCKETS]);
     };
-    let list = list.strip_suffix(']').ok_or_else(|| ConfigError::bad(key, value, "unclosed list"))?;
+    let list = list
+        .strip_suffix(']')
+        .ok_or_else(|| ConfigError::bad(key, value, "unclosed list"))?;
     let mut out = [0u64; ROUNDUP_BUCKETS];
     let mut last: Option<usize> = None;
     for pair in list.split(',').filter(|p| !p.is_empty()) {

@@ -237,7 +237,10 @@ impl MemoryStats {
     /// Fresh statistics for an allocator whose split limit is `max_split_size`
     /// (`None` = unlimited).
     pub fn new(max_split_size: Option<u64>) -> MemoryStats {
-        MemoryStats { max_split_size: max_split_size.map_or(-1, |v| v as i64), ..MemoryStats::default() }
+        MemoryStats {
+            max_split_size: max_split_size.map_or(-1, |v| v as i64),
+            ..MemoryStats::default()
+        }
     }
 
     /// `memory_allocated()`: bytes in allocated blocks.

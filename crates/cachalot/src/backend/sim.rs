@@ -216,9 +216,7 @@ impl State {
                 self.counters.injected += 1;
                 Err(match f {
                     Fault::OutOfMemory => BackendError::OutOfMemory { call: kind, requested },
-                    Fault::DeviceError => {
-                        BackendError::Device { call: kind, message: format!("injected fault on call {n}") }
-                    }
+                    Fault::DeviceError => BackendError::Device { call: kind, message: format!("injected fault on call {n}") },
                 })
             }
         }
@@ -304,11 +302,7 @@ impl Backend for SimBackend {
                 st.counters.used -= size;
                 Ok(())
             }
-            None => Err(st.misuse(BackendError::InvalidAddress {
-                call: CallKind::SegmentFree,
-                what: "segment",
-                value: ptr,
-            })),
+            None => Err(st.misuse(BackendError::InvalidAddress { call: CallKind::SegmentFree, what: "segment", value: ptr })),
         }
     }
 
