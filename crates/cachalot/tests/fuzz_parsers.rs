@@ -13,21 +13,32 @@ use cachalot::AllocatorConfig;
 use proptest::prelude::*;
 
 fn limits() -> ReadLimits {
-    ReadLimits { max_input_bytes: 1 << 22, max_values: 1 << 20, ..ReadLimits::default() }
+    ReadLimits {
+        max_input_bytes: 1 << 22,
+        max_values: 1 << 20,
+        ..ReadLimits::default()
+    }
 }
 
 fn data(name: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/traces")
+        .join(name);
     let mut out = Vec::new();
     let file = std::fs::File::open(&path).expect("bundled recording");
-    flate2::read::GzDecoder::new(file).read_to_end(&mut out).expect("valid gzip");
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut out)
+        .expect("valid gzip");
     out
 }
 
 /// Reads `bytes` both ways and plans whatever reads.
 fn exercise(bytes: &[u8]) {
     if let Ok(recording) = read_recording(bytes, &limits()) {
-        let device = RecordedDevice { capacity: H100_CAPACITY, config: AllocatorConfig::default() };
+        let device = RecordedDevice {
+            capacity: H100_CAPACITY,
+            config: AllocatorConfig::default(),
+        };
         let _ = plan(&recording.events, &device);
     }
     let _ = snapshot_from_slice(bytes, &limits());
@@ -43,7 +54,11 @@ enum Mutation {
 fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..16)).prop_map(|(i, v)| Mutation::Insert(i, v)),
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..16)
+        )
+            .prop_map(|(i, v)| Mutation::Insert(i, v)),
         (any::<usize>(), 1usize..64).prop_map(|(i, n)| Mutation::Cut(i, n)),
     ]
 }
@@ -102,12 +117,15 @@ proptest! {
 
 #[test]
 fn every_pickle_protocol_reads_the_same_snapshot() {
-    let reference = snapshot_from_slice(&data("seed002.native.snapshot.pickle.gz"), &limits()).expect("protocol 4");
+    let reference = snapshot_from_slice(&data("seed002.native.snapshot.pickle.gz"), &limits())
+        .expect("protocol 4");
     assert_eq!(reference.device_traces[0].len(), 24);
     for proto in [2, 3, 5] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/seed002.p{proto}.pickle"));
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/data/seed002.p{proto}.pickle"));
         let bytes = std::fs::read(path).expect("fixture");
-        let snap = snapshot_from_slice(&bytes, &limits()).unwrap_or_else(|e| panic!("protocol {proto}: {e}"));
+        let snap = snapshot_from_slice(&bytes, &limits())
+            .unwrap_or_else(|e| panic!("protocol {proto}: {e}"));
         assert_eq!(snap, reference, "protocol {proto}");
     }
 }
@@ -116,6 +134,9 @@ fn every_pickle_protocol_reads_the_same_snapshot() {
 fn every_truncation_of_a_snapshot_is_an_error() {
     let bytes = data("seed002.native.snapshot.pickle.gz");
     for cut in 0..bytes.len() {
-        assert!(snapshot_from_slice(&bytes[..cut], &limits()).is_err(), "cut at {cut}");
+        assert!(
+            snapshot_from_slice(&bytes[..cut], &limits()).is_err(),
+            "cut at {cut}"
+        );
     }
 }

@@ -10,7 +10,9 @@
 //! Out-of-memory during a replay is not fatal: the allocation is counted in
 //! [`ReplayReport::ooms`] and skipped (and so is its later free).
 
+pub mod addresses;
 pub mod plan;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,11 +21,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use addresses::RecordedAddresses;
 pub use plan::{plan, Op, Plan, PlanError, RecordedDevice};
+pub use workload::Workload;
 
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{self, DeviceAllocator};
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, CallKind, DevicePtr};
+use crate::config::AllocatorConfig;
 use crate::error::Error;
 use crate::event::{Action, Observer, TraceEvent};
 
@@ -49,6 +54,9 @@ pub enum ReplayError {
         #[source]
         source: Error,
     },
+    /// The allocator could not be built for this configuration.
+    #[error("cannot build the allocator: {0}")]
+    Setup(#[source] Error),
     /// An op names a slot the plan does not have (a hand-built plan).
     #[error("op {op}: slot {slot} is outside the plan's {slots} slots")]
     BadSlot {
@@ -121,7 +129,10 @@ struct SegmentLog {
 impl Observer for SegmentLog {
     fn on_event(&self, event: &TraceEvent) {
         if matches!(event.action, Action::SegmentAlloc | Action::SegmentMap) {
-            self.sizes.lock().unwrap_or_else(|e| e.into_inner()).push(event.size);
+            self.sizes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(event.size);
         }
     }
 }
@@ -133,6 +144,27 @@ struct Tally {
     frees: u64,
     empty_caches: u64,
     ooms: u64,
+}
+
+/// Replays `plan` with a fresh allocator for `config` on a simulated device of
+/// `capacity` bytes that hands out the recorded segment addresses (see
+/// [`addresses`] for why, and [`run`]).
+///
+/// # Errors
+/// [`ReplayError::Setup`] when the policy cannot run `config`; otherwise as [`run`].
+pub fn replay(
+    plan: &Plan,
+    config: AllocatorConfig,
+    capacity: u64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayReport, ReplayError> {
+    let sim = Arc::new(SimBackend::new(capacity));
+    let backend = Arc::new(RecordedAddresses::new(
+        sim.clone(),
+        plan.recorded_segment_allocs.clone(),
+    ));
+    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
+    run(plan, allocator.as_ref(), &sim, progress)
 }
 
 /// Replays `plan` through `allocator`, which must draw from `sim`.
@@ -185,7 +217,11 @@ pub fn run(
 }
 
 /// The replay loop.
-fn drive(plan: &Plan, allocator: &dyn DeviceAllocator, progress: &mut dyn FnMut(usize)) -> Result<Tally, ReplayError> {
+fn drive(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Tally, ReplayError> {
     // Each slot's pointer; 0 for a slot not allocated (or skipped after an OOM),
     // whose free is then a no-op, as freeing the null address is.
     let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
@@ -195,7 +231,11 @@ fn drive(plan: &Plan, allocator: &dyn DeviceAllocator, progress: &mut dyn FnMut(
             progress(i);
         }
         let fail = |source: Error| ReplayError::Allocator { op: i, source };
-        let bad_slot = |slot: u32| ReplayError::BadSlot { op: i, slot, slots: plan.slots };
+        let bad_slot = |slot: u32| ReplayError::BadSlot {
+            op: i,
+            slot,
+            slots: plan.slots,
+        };
         match *op {
             Op::Alloc { slot, size, stream } => {
                 let entry = ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?;
@@ -209,7 +249,8 @@ fn drive(plan: &Plan, allocator: &dyn DeviceAllocator, progress: &mut dyn FnMut(
                 }
             }
             Op::Free { slot } => {
-                let ptr = std::mem::take(ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?);
+                let ptr =
+                    std::mem::take(ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?);
                 if ptr != 0 {
                     allocator.free(ptr).map_err(fail)?;
                     tally.frees += 1;

@@ -119,6 +119,8 @@ pub struct Plan {
     pub events: usize,
     /// Sizes of the recorded `segment_alloc`/`segment_map` events, in order.
     pub recorded_segment_sizes: Vec<u64>,
+    /// Address and size of the recorded `segment_alloc` events, in order.
+    pub recorded_segment_allocs: Vec<(u64, u64)>,
 }
 
 /// A recorded allocation that has not been freed yet.
@@ -133,7 +135,10 @@ struct Live {
 /// # Errors
 /// A [`PlanError`] for an inconsistent recording.
 pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, PlanError> {
-    let mut builder = Builder { ops: Vec::with_capacity(events.len()), ..Builder::default() };
+    let mut builder = Builder {
+        ops: Vec::with_capacity(events.len()),
+        ..Builder::default()
+    };
     let pressure = device.pressure_bytes();
     for (i, e) in events.iter().enumerate() {
         match e.action {
@@ -143,6 +148,9 @@ pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, Plan
             Action::SegmentAlloc | Action::SegmentMap => {
                 builder.reserved = builder.reserved.saturating_add(e.size);
                 builder.segment_sizes.push(e.size);
+                if e.action == Action::SegmentAlloc {
+                    builder.segment_allocs.push((e.addr, e.size));
+                }
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 let run_start = i == 0 || !is_release(events[i - 1].action);
@@ -170,6 +178,7 @@ pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, Plan
         slots: builder.next_slot as usize,
         events: events.len(),
         recorded_segment_sizes: builder.segment_sizes,
+        recorded_segment_allocs: builder.segment_allocs,
     })
 }
 
@@ -182,7 +191,12 @@ fn is_release(action: Action) -> bool {
 fn released_by_policy(events: &[TraceEvent], start: usize, reserved: u64, pressure: u64) -> bool {
     let next = events[start..].iter().find(|e| !is_release(e.action));
     match next {
-        Some(e) if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap | Action::Oom) => {
+        Some(e)
+            if matches!(
+                e.action,
+                Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+            ) =>
+        {
             reserved.saturating_add(e.size) > pressure
         }
         _ => false,
@@ -198,26 +212,46 @@ struct Builder {
     blanked: Vec<usize>,
     reserved: u64,
     segment_sizes: Vec<u64>,
+    segment_allocs: Vec<(u64, u64)>,
 }
 
 impl Builder {
     fn alloc(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
         if let Some(old) = self.live.get(&e.addr) {
             if old.requested_at.is_none() {
-                return Err(PlanError::AddressInUse { event, addr: e.addr });
+                return Err(PlanError::AddressInUse {
+                    event,
+                    addr: e.addr,
+                });
             }
             // Freed by request with no completion before reuse: the request's free stands.
             self.live.remove(&e.addr);
         }
         let slot = self.next_slot;
-        self.next_slot = slot.checked_add(1).ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
-        self.ops.push(Op::Alloc { slot, size: e.size, stream: e.stream });
-        self.live.insert(e.addr, Live { slot, requested_at: None });
+        self.next_slot = slot
+            .checked_add(1)
+            .ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
+        self.ops.push(Op::Alloc {
+            slot,
+            size: e.size,
+            stream: e.stream,
+        });
+        self.live.insert(
+            e.addr,
+            Live {
+                slot,
+                requested_at: None,
+            },
+        );
         Ok(())
     }
 
     fn free_requested(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let unknown = PlanError::UnknownAddress { event, action: e.action, addr: e.addr };
+        let unknown = PlanError::UnknownAddress {
+            event,
+            action: e.action,
+            addr: e.addr,
+        };
         let live = self.live.get_mut(&e.addr).ok_or(unknown.clone())?;
         if live.requested_at.is_some() {
             return Err(unknown);
@@ -228,8 +262,11 @@ impl Builder {
     }
 
     fn free_completed(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let live =
-            self.live.remove(&e.addr).ok_or(PlanError::UnknownAddress { event, action: e.action, addr: e.addr })?;
+        let live = self.live.remove(&e.addr).ok_or(PlanError::UnknownAddress {
+            event,
+            action: e.action,
+            addr: e.addr,
+        })?;
         if let Some(at) = live.requested_at {
             self.blanked.push(at);
         }
@@ -243,11 +280,20 @@ mod tests {
     use super::*;
 
     fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
-        TraceEvent { time_us: 0, action, addr, size, stream: StreamId(0) }
+        TraceEvent {
+            time_us: 0,
+            action,
+            addr,
+            size,
+            stream: StreamId(0),
+        }
     }
 
     fn h100() -> RecordedDevice {
-        RecordedDevice { capacity: 85_017_493_504, config: AllocatorConfig::default() }
+        RecordedDevice {
+            capacity: 85_017_493_504,
+            config: AllocatorConfig::default(),
+        }
     }
 
     use Action::*;
@@ -268,11 +314,23 @@ mod tests {
         assert_eq!(
             p.ops,
             [
-                Op::Alloc { slot: 0, size: 512, stream: s },
-                Op::Alloc { slot: 1, size: 512, stream: s },
+                Op::Alloc {
+                    slot: 0,
+                    size: 512,
+                    stream: s
+                },
+                Op::Alloc {
+                    slot: 1,
+                    size: 512,
+                    stream: s
+                },
                 Op::Free { slot: 1 },
                 Op::Free { slot: 0 },
-                Op::Alloc { slot: 2, size: 1024, stream: s },
+                Op::Alloc {
+                    slot: 2,
+                    size: 1024,
+                    stream: s
+                },
             ]
         );
         assert_eq!((p.slots, p.events), (3, 7));
@@ -293,7 +351,10 @@ mod tests {
         let p = plan(&events, &h100()).unwrap();
         assert_eq!(p.ops.iter().filter(|o| **o == Op::EmptyCache).count(), 1);
         // The same pattern on a device just large enough: the allocator's own retry.
-        let tight = RecordedDevice { capacity: 3 * seg, ..h100() };
+        let tight = RecordedDevice {
+            capacity: 3 * seg,
+            ..h100()
+        };
         let p = plan(&events, &tight).unwrap();
         assert!(!p.ops.contains(&Op::EmptyCache));
     }
@@ -301,10 +362,23 @@ mod tests {
     #[test]
     fn inconsistent_recordings_are_errors() {
         let double = [ev(Alloc, 1, 512), ev(Alloc, 1, 512)];
-        assert_eq!(plan(&double, &h100()), Err(PlanError::AddressInUse { event: 1, addr: 1 }));
+        assert_eq!(
+            plan(&double, &h100()),
+            Err(PlanError::AddressInUse { event: 1, addr: 1 })
+        );
         let foreign = [ev(FreeCompleted, 9, 512)];
-        assert!(matches!(plan(&foreign, &h100()), Err(PlanError::UnknownAddress { event: 0, .. })));
-        let twice = [ev(Alloc, 1, 512), ev(FreeRequested, 1, 512), ev(FreeRequested, 1, 512)];
-        assert!(matches!(plan(&twice, &h100()), Err(PlanError::UnknownAddress { event: 2, .. })));
+        assert!(matches!(
+            plan(&foreign, &h100()),
+            Err(PlanError::UnknownAddress { event: 0, .. })
+        ));
+        let twice = [
+            ev(Alloc, 1, 512),
+            ev(FreeRequested, 1, 512),
+            ev(FreeRequested, 1, 512),
+        ];
+        assert!(matches!(
+            plan(&twice, &h100()),
+            Err(PlanError::UnknownAddress { event: 2, .. })
+        ));
     }
 }

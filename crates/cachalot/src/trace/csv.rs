@@ -25,7 +25,13 @@ pub struct CsvReader<R> {
 impl<R: BufRead> CsvReader<R> {
     /// Reads from already decompressed input (see [`super::decompressed`]).
     pub fn new(input: R, limits: &ReadLimits) -> CsvReader<R> {
-        CsvReader { input, line: 0, buf: Vec::with_capacity(128), max_line: limits.max_line_bytes, done: false }
+        CsvReader {
+            input,
+            line: 0,
+            buf: Vec::with_capacity(128),
+            max_line: limits.max_line_bytes,
+            done: false,
+        }
     }
 
     /// The number of lines read so far (the header included).
@@ -37,10 +43,13 @@ impl<R: BufRead> CsvReader<R> {
     fn next_line(&mut self) -> Result<bool, TraceError> {
         self.buf.clear();
         let cap = self.max_line as u64 + 1;
-        let n = (&mut self.input).take(cap).read_until(b'\n', &mut self.buf).map_err(|e| match io_error("", e) {
-            TraceError::Io { source, .. } => self.error(format!("read failed: {source}")),
-            other => other,
-        })?;
+        let n = (&mut self.input)
+            .take(cap)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| match io_error("", e) {
+                TraceError::Io { source, .. } => self.error(format!("read failed: {source}")),
+                other => other,
+            })?;
         if n == 0 {
             return Ok(false);
         }
@@ -57,7 +66,10 @@ impl<R: BufRead> CsvReader<R> {
     }
 
     fn error(&self, reason: String) -> TraceError {
-        TraceError::Csv { line: self.line.max(1), reason }
+        TraceError::Csv {
+            line: self.line.max(1),
+            reason,
+        }
     }
 
     fn read_header(&mut self) -> Result<(), TraceError> {
@@ -82,7 +94,9 @@ impl<R: BufRead> CsvReader<R> {
             if self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return parse_line(&self.buf).map(Some).map_err(|reason| self.error(reason));
+            return parse_line(&self.buf)
+                .map(Some)
+                .map_err(|reason| self.error(reason));
         }
     }
 }
@@ -106,7 +120,11 @@ impl<R: BufRead> Iterator for CsvReader<R> {
 fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
     let text = std::str::from_utf8(line).map_err(|_| "not UTF-8".to_string())?;
     let mut fields = text.split(',');
-    let mut field = |name: &str| fields.next().ok_or_else(|| format!("missing field '{name}'"));
+    let mut field = |name: &str| {
+        fields
+            .next()
+            .ok_or_else(|| format!("missing field '{name}'"))
+    };
     let time_us = number(field("time_us")?, "time_us")?;
     let action_text = field("action")?;
     let action: Action = action_text.trim().parse()?;
@@ -119,11 +137,19 @@ fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
     if size > MAX_REQUEST {
         return Err(format!("size {size} exceeds the {MAX_REQUEST}-byte limit"));
     }
-    Ok(TraceEvent { time_us, action, addr, size, stream: StreamId(stream) })
+    Ok(TraceEvent {
+        time_us,
+        action,
+        addr,
+        size,
+        stream: StreamId(stream),
+    })
 }
 
 fn number(text: &str, name: &str) -> Result<u64, String> {
-    text.trim().parse().map_err(|_| format!("field '{name}': '{text}' is not a non-negative integer"))
+    text.trim()
+        .parse()
+        .map_err(|_| format!("field '{name}': '{text}' is not a non-negative integer"))
 }
 
 #[cfg(test)]
@@ -156,12 +182,30 @@ mod tests {
     #[test]
     fn bad_lines_name_their_line() {
         let head = "time_us,action,addr,size,stream\n1,alloc,1,1,0\n";
-        assert_eq!(line_of(read(&format!("{head}2,explode,1,1,0\n")).unwrap_err()), 3);
-        assert_eq!(line_of(read(&format!("{head}2,alloc,1,-5,0\n")).unwrap_err()), 3);
-        assert_eq!(line_of(read(&format!("{head}2,alloc,1,1\n")).unwrap_err()), 3);
-        assert_eq!(line_of(read(&format!("{head}2,alloc,1,1,0,9\n")).unwrap_err()), 3);
-        assert_eq!(line_of(read(&format!("{head}2,alloc,1,{},0\n", u64::MAX)).unwrap_err()), 3);
-        assert_eq!(line_of(read(&format!("{head}2,alloc,1,99999999999999999999999,0\n")).unwrap_err()), 3);
+        assert_eq!(
+            line_of(read(&format!("{head}2,explode,1,1,0\n")).unwrap_err()),
+            3
+        );
+        assert_eq!(
+            line_of(read(&format!("{head}2,alloc,1,-5,0\n")).unwrap_err()),
+            3
+        );
+        assert_eq!(
+            line_of(read(&format!("{head}2,alloc,1,1\n")).unwrap_err()),
+            3
+        );
+        assert_eq!(
+            line_of(read(&format!("{head}2,alloc,1,1,0,9\n")).unwrap_err()),
+            3
+        );
+        assert_eq!(
+            line_of(read(&format!("{head}2,alloc,1,{},0\n", u64::MAX)).unwrap_err()),
+            3
+        );
+        assert_eq!(
+            line_of(read(&format!("{head}2,alloc,1,99999999999999999999999,0\n")).unwrap_err()),
+            3
+        );
         assert_eq!(line_of(read("time,action\n").unwrap_err()), 1);
         assert_eq!(line_of(read("").unwrap_err()), 1);
     }
@@ -169,8 +213,13 @@ mod tests {
     #[test]
     fn overlong_lines_are_refused_without_reading_them_whole() {
         let text = format!("time_us,action,addr,size,stream\n{}\n", "9".repeat(1 << 20));
-        let limits = ReadLimits { max_line_bytes: 64, ..ReadLimits::default() };
-        let err = CsvReader::new(text.as_bytes(), &limits).collect::<Result<Vec<_>, _>>().unwrap_err();
+        let limits = ReadLimits {
+            max_line_bytes: 64,
+            ..ReadLimits::default()
+        };
+        let err = CsvReader::new(text.as_bytes(), &limits)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_err();
         assert_eq!(line_of(err), 2);
     }
 

@@ -78,7 +78,11 @@ struct Shape {
 
 impl Shape {
     fn leaf() -> Shape {
-        Shape { values: 1, height: 1, refs: Vec::new() }
+        Shape {
+            values: 1,
+            height: 1,
+            refs: Vec::new(),
+        }
     }
 }
 
@@ -107,14 +111,25 @@ struct Guard<'a> {
 /// # Errors
 /// [`TraceError::Pickle`] naming the byte offset of the offending opcode.
 pub fn check(bytes: &[u8], limits: &ReadLimits) -> Result<(), TraceError> {
-    let mut guard = Guard { bytes, pos: 0, at: 0, limits, stack: Vec::new(), marks: Vec::new(), memo: HashMap::new() };
+    let mut guard = Guard {
+        bytes,
+        pos: 0,
+        at: 0,
+        limits,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+    };
     let root = guard.run()?;
     guard.check_expanded(&root)
 }
 
 impl Guard<'_> {
     fn fail<T>(&self, reason: impl Into<String>) -> Result<T, TraceError> {
-        Err(TraceError::Pickle { offset: self.at as u64, reason: reason.into() })
+        Err(TraceError::Pickle {
+            offset: self.at as u64,
+            reason: reason.into(),
+        })
     }
 
     fn take(&mut self, n: u64) -> Result<&[u8], TraceError> {
@@ -129,7 +144,10 @@ impl Guard<'_> {
 
     fn uint(&mut self, width: usize) -> Result<u64, TraceError> {
         let raw = self.take(width as u64)?;
-        Ok(raw.iter().rev().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
+        Ok(raw
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
     }
 
     fn run(&mut self) -> Result<Item, TraceError> {
@@ -222,15 +240,25 @@ impl Guard<'_> {
                 let items = self.pop_mark()?;
                 self.extend_top(items)?;
             }
-            other => return self.fail(format!("opcode {other:#04x} is not plain data and is not read")),
+            other => {
+                return self.fail(format!(
+                    "opcode {other:#04x} is not plain data and is not read"
+                ))
+            }
         }
         Ok(())
     }
 
     fn long(&mut self, code: u8) -> Result<(), TraceError> {
-        let n = if code == op::LONG1 { self.uint(1)? } else { self.uint(4)? };
+        let n = if code == op::LONG1 {
+            self.uint(1)?
+        } else {
+            self.uint(4)?
+        };
         if n > MAX_INT_BYTES as u64 {
-            return self.fail(format!("integer of {n} bytes (at most {MAX_INT_BYTES} are read)"));
+            return self.fail(format!(
+                "integer of {n} bytes (at most {MAX_INT_BYTES} are read)"
+            ));
         }
         self.take(n)?;
         self.stack.push(Item::Value(Shape::leaf()));
@@ -285,12 +313,17 @@ impl Guard<'_> {
                 Item::Value(child) => {
                     shape.values = shape.values.saturating_add(child.values);
                     shape.height = shape.height.max(child.height + 1);
-                    shape.refs.extend(child.refs.into_iter().map(|(id, level)| (id, level + 1)));
+                    shape
+                        .refs
+                        .extend(child.refs.into_iter().map(|(id, level)| (id, level + 1)));
                 }
             }
         }
         if shape.height > self.limits.max_depth {
-            return self.fail(format!("nested deeper than {} levels", self.limits.max_depth));
+            return self.fail(format!(
+                "nested deeper than {} levels",
+                self.limits.max_depth
+            ));
         }
         Ok(shape)
     }
@@ -328,7 +361,11 @@ impl Guard<'_> {
         let root_shape = match root {
             Item::Value(shape) => shape,
             Item::Ref(id) => {
-                leaf = Shape { values: 0, height: 0, refs: vec![(*id, 0)] };
+                leaf = Shape {
+                    values: 0,
+                    height: 0,
+                    refs: vec![(*id, 0)],
+                };
                 &leaf
             }
         };
@@ -340,7 +377,11 @@ impl Guard<'_> {
     }
 
     /// The expanded (values, height) of `shape`, given its references' expansions.
-    fn total(&self, shape: &Shape, done: &HashMap<u32, (u64, u32)>) -> Result<(u64, u32), TraceError> {
+    fn total(
+        &self,
+        shape: &Shape,
+        done: &HashMap<u32, (u64, u32)>,
+    ) -> Result<(u64, u32), TraceError> {
         let (mut values, mut height) = (shape.values, shape.height);
         for (id, level) in &shape.refs {
             let Some(&(v, h)) = done.get(id) else {
@@ -350,11 +391,16 @@ impl Guard<'_> {
             height = height.max(level.saturating_add(h));
         }
         if height > self.limits.max_depth {
-            return self
-                .fail(format!("nested deeper than {} levels once references are resolved", self.limits.max_depth));
+            return self.fail(format!(
+                "nested deeper than {} levels once references are resolved",
+                self.limits.max_depth
+            ));
         }
         if values > self.limits.max_values {
-            return self.fail(format!("expands to more than {} values", self.limits.max_values));
+            return self.fail(format!(
+                "expands to more than {} values",
+                self.limits.max_values
+            ));
         }
         Ok((values, height))
     }
@@ -450,8 +496,14 @@ mod tests {
         assert!(run(global).is_err());
         assert!(run(b"\x80\x04]2.").is_err(), "DUP");
         assert!(run(b"\x80\x09N.").is_err(), "protocol 9");
-        assert!(run(b"\x80\x04X\xff\xff\xff\xff").is_err(), "length past the end");
-        assert!(run(b"\x80\x04\x8b\x00\x00\x00\x40").is_err(), "1 GiB integer");
+        assert!(
+            run(b"\x80\x04X\xff\xff\xff\xff").is_err(),
+            "length past the end"
+        );
+        assert!(
+            run(b"\x80\x04\x8b\x00\x00\x00\x40").is_err(),
+            "1 GiB integer"
+        );
         assert!(run(b"\x80\x04").is_err(), "no STOP");
         assert!(run(b"\x80\x04h\x05.").is_err(), "missing memo");
     }

@@ -86,7 +86,10 @@ pub enum TraceError {
 
 impl TraceError {
     pub(crate) fn schema(path: impl Into<String>, reason: impl Into<String>) -> TraceError {
-        TraceError::Schema { path: path.into(), reason: reason.into() }
+        TraceError::Schema {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -106,7 +109,12 @@ pub struct ReadLimits {
 
 impl Default for ReadLimits {
     fn default() -> Self {
-        ReadLimits { max_input_bytes: 2 << 30, max_line_bytes: 4096, max_depth: 64, max_values: 64 << 20 }
+        ReadLimits {
+            max_input_bytes: 2 << 30,
+            max_line_bytes: 4096,
+            max_depth: 64,
+            max_values: 64 << 20,
+        }
     }
 }
 
@@ -132,7 +140,11 @@ pub struct LimitedReader<R> {
 impl<R: Read> LimitedReader<R> {
     /// Wraps `inner`, allowing `limit` bytes.
     pub fn new(inner: R, limit: u64) -> LimitedReader<R> {
-        LimitedReader { inner, left: limit, limit }
+        LimitedReader {
+            inner,
+            left: limit,
+            limit,
+        }
     }
 }
 
@@ -148,7 +160,9 @@ impl<R: Read> Read for LimitedReader<R> {
         }
         // Ask for one byte more than allowed, so reaching the limit exactly is fine
         // but going past it is an error.
-        let want = buf.len().min(usize::try_from(self.left.saturating_add(1)).unwrap_or(usize::MAX));
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left.saturating_add(1)).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
         if n as u64 > self.left {
             return Err(io::Error::other(OverLimit(self.limit)));
@@ -160,9 +174,18 @@ impl<R: Read> Read for LimitedReader<R> {
 
 /// Converts an I/O error into a [`TraceError`], recognising the limit error.
 pub(crate) fn io_error(what: &str, e: io::Error) -> TraceError {
-    match e.get_ref().and_then(|inner| inner.downcast_ref::<OverLimit>()) {
-        Some(OverLimit(limit)) => TraceError::TooLarge { what: "decompressed input", limit: *limit },
-        None => TraceError::Io { what: what.to_string(), source: e },
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<OverLimit>())
+    {
+        Some(OverLimit(limit)) => TraceError::TooLarge {
+            what: "decompressed input",
+            limit: *limit,
+        },
+        None => TraceError::Io {
+            what: what.to_string(),
+            source: e,
+        },
     }
 }
 
@@ -176,9 +199,15 @@ pub fn decompressed<'a, R: BufRead + 'a>(
     limits: &ReadLimits,
 ) -> Result<Box<dyn BufRead + 'a>, TraceError> {
     let head = input.fill_buf().map_err(|e| io_error("input", e))?;
-    let inner: Box<dyn Read + 'a> =
-        if head.starts_with(&GZIP_MAGIC) { Box::new(MultiGzDecoder::new(input)) } else { Box::new(input) };
-    Ok(Box::new(BufReader::with_capacity(1 << 16, LimitedReader::new(inner, limits.max_input_bytes))))
+    let inner: Box<dyn Read + 'a> = if head.starts_with(&GZIP_MAGIC) {
+        Box::new(MultiGzDecoder::new(input))
+    } else {
+        Box::new(input)
+    };
+    Ok(Box::new(BufReader::with_capacity(
+        1 << 16,
+        LimitedReader::new(inner, limits.max_input_bytes),
+    )))
 }
 
 /// Detects the format of decompressed input from its first byte, without consuming it.
@@ -187,7 +216,11 @@ pub fn decompressed<'a, R: BufRead + 'a>(
 /// [`TraceError::Io`] when the input cannot be read.
 pub fn detect(input: &mut dyn BufRead) -> Result<TraceFormat, TraceError> {
     let head = input.fill_buf().map_err(|e| io_error("input", e))?;
-    Ok(if head.first() == Some(&PICKLE_PROTO) { TraceFormat::Pickle } else { TraceFormat::Csv })
+    Ok(if head.first() == Some(&PICKLE_PROTO) {
+        TraceFormat::Pickle
+    } else {
+        TraceFormat::Csv
+    })
 }
 
 /// A recording ready to replay: one device's events, with what is known of the
@@ -211,7 +244,11 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
     match detect(&mut input)? {
         TraceFormat::Csv => {
             let events = csv::CsvReader::new(input, limits).collect::<Result<Vec<_>, _>>()?;
-            Ok(Recording { events, segments: Vec::new(), conf: None })
+            Ok(Recording {
+                events,
+                segments: Vec::new(),
+                conf: None,
+            })
         }
         TraceFormat::Pickle => {
             let snapshot = pickle::read_snapshot(input, limits)?;
@@ -253,12 +290,30 @@ mod tests {
 
     #[test]
     fn decompressed_size_is_capped() {
-        let text = format!("time_us,action,addr,size,stream\n{}", "1,alloc,4096,512,0\n".repeat(1000));
-        let limits = ReadLimits { max_input_bytes: 1000, ..ReadLimits::default() };
+        let text = format!(
+            "time_us,action,addr,size,stream\n{}",
+            "1,alloc,4096,512,0\n".repeat(1000)
+        );
+        let limits = ReadLimits {
+            max_input_bytes: 1000,
+            ..ReadLimits::default()
+        };
         let err = read_recording(&gzip(text.as_bytes())[..], &limits).unwrap_err();
-        assert!(matches!(err, TraceError::TooLarge { limit: 1000, .. }), "{err}");
-        let exact = ReadLimits { max_input_bytes: text.len() as u64, ..ReadLimits::default() };
-        assert_eq!(read_recording(text.as_bytes(), &exact).unwrap().events.len(), 1000);
+        assert!(
+            matches!(err, TraceError::TooLarge { limit: 1000, .. }),
+            "{err}"
+        );
+        let exact = ReadLimits {
+            max_input_bytes: text.len() as u64,
+            ..ReadLimits::default()
+        };
+        assert_eq!(
+            read_recording(text.as_bytes(), &exact)
+                .unwrap()
+                .events
+                .len(),
+            1000
+        );
     }
 
     #[test]
@@ -266,6 +321,9 @@ mod tests {
         let text = "time_us,action,addr,size,stream\n1,alloc,4096,512,0\n".repeat(50);
         let z = gzip(text.as_bytes());
         let err = read_recording(&z[..z.len() / 2], &ReadLimits::default()).unwrap_err();
-        assert!(matches!(err, TraceError::Io { .. } | TraceError::Csv { .. }), "{err}");
+        assert!(
+            matches!(err, TraceError::Io { .. } | TraceError::Csv { .. }),
+            "{err}"
+        );
     }
 }

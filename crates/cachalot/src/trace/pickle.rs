@@ -33,10 +33,26 @@ pub struct Snapshot {
 impl Snapshot {
     /// The recording of the first device that has events (device 0 when none has).
     pub fn into_recording(self) -> Recording {
-        let device = self.device_traces.iter().position(|t| !t.is_empty()).unwrap_or(0);
-        let segments = self.segments.into_iter().filter(|s| s.device == device).collect();
-        let events = self.device_traces.into_iter().nth(device).unwrap_or_default();
-        Recording { events, segments, conf: self.conf }
+        let device = self
+            .device_traces
+            .iter()
+            .position(|t| !t.is_empty())
+            .unwrap_or(0);
+        let segments = self
+            .segments
+            .into_iter()
+            .filter(|s| s.device == device)
+            .collect();
+        let events = self
+            .device_traces
+            .into_iter()
+            .nth(device)
+            .unwrap_or_default();
+        Recording {
+            events,
+            segments,
+            conf: self.conf,
+        }
     }
 }
 
@@ -48,7 +64,9 @@ impl Snapshot {
 /// past the input limit.
 pub fn read_snapshot<R: Read>(mut input: R, limits: &ReadLimits) -> Result<Snapshot, TraceError> {
     let mut bytes = Vec::new();
-    input.read_to_end(&mut bytes).map_err(|e| io_error("snapshot pickle", e))?;
+    input
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error("snapshot pickle", e))?;
     snapshot_from_slice(&bytes, limits)
 }
 
@@ -58,7 +76,10 @@ pub fn read_snapshot<R: Read>(mut input: R, limits: &ReadLimits) -> Result<Snaps
 /// As [`read_snapshot`].
 pub fn snapshot_from_slice(bytes: &[u8], limits: &ReadLimits) -> Result<Snapshot, TraceError> {
     if bytes.len() as u64 > limits.max_input_bytes {
-        return Err(TraceError::TooLarge { what: "decompressed input", limit: limits.max_input_bytes });
+        return Err(TraceError::TooLarge {
+            what: "decompressed input",
+            limit: limits.max_input_bytes,
+        });
     }
     guard::check(bytes, limits)?;
     // serde-pickle counts references per memo entry and drops an entry after its
@@ -97,7 +118,11 @@ pub fn snapshot_from_value(value: &Value) -> Result<Snapshot, TraceError> {
         .enumerate()
         .map(|(d, t)| {
             let path = format!("device_traces[{d}]");
-            list(t, &path)?.iter().enumerate().map(|(i, e)| event(e, &format!("{path}[{i}]"))).collect()
+            list(t, &path)?
+                .iter()
+                .enumerate()
+                .map(|(i, e)| event(e, &format!("{path}[{i}]")))
+                .collect()
         })
         .collect::<Result<_, _>>()?;
     let conf = match get(top, "allocator_settings") {
@@ -105,10 +130,16 @@ pub fn snapshot_from_value(value: &Value) -> Result<Snapshot, TraceError> {
         Some(settings) => {
             let settings = dict(settings, "allocator_settings")?;
             let path = "allocator_settings.PYTORCH_CUDA_ALLOC_CONF";
-            get(settings, "PYTORCH_CUDA_ALLOC_CONF").map(|v| string(v, path).map(str::to_string)).transpose()?
+            get(settings, "PYTORCH_CUDA_ALLOC_CONF")
+                .map(|v| string(v, path).map(str::to_string))
+                .transpose()?
         }
     };
-    Ok(Snapshot { segments, device_traces, conf })
+    Ok(Snapshot {
+        segments,
+        device_traces,
+        conf,
+    })
 }
 
 type Dict = BTreeMap<HashableValue, Value>;
@@ -116,14 +147,20 @@ type Dict = BTreeMap<HashableValue, Value>;
 fn dict<'a>(value: &'a Value, path: &str) -> Result<&'a Dict, TraceError> {
     match value {
         Value::Dict(d) => Ok(d),
-        other => Err(TraceError::schema(path, format!("expected a dict, found {}", kind(other)))),
+        other => Err(TraceError::schema(
+            path,
+            format!("expected a dict, found {}", kind(other)),
+        )),
     }
 }
 
 fn list<'a>(value: &'a Value, path: &str) -> Result<&'a [Value], TraceError> {
     match value {
         Value::List(l) | Value::Tuple(l) => Ok(l),
-        other => Err(TraceError::schema(path, format!("expected a list, found {}", kind(other)))),
+        other => Err(TraceError::schema(
+            path,
+            format!("expected a list, found {}", kind(other)),
+        )),
     }
 }
 
@@ -138,7 +175,10 @@ fn field<'a>(d: &'a Dict, key: &str, path: &str) -> Result<&'a Value, TraceError
 fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, TraceError> {
     match value {
         Value::String(s) => Ok(s),
-        other => Err(TraceError::schema(path, format!("expected a string, found {}", kind(other)))),
+        other => Err(TraceError::schema(
+            path,
+            format!("expected a string, found {}", kind(other)),
+        )),
     }
 }
 
@@ -146,7 +186,12 @@ fn uint(value: &Value, path: &str) -> Result<u64, TraceError> {
     let n = match value {
         Value::I64(i) => u64::try_from(*i).ok(),
         Value::Int(big) => u64::try_from(big).ok(),
-        other => return Err(TraceError::schema(path, format!("expected an integer, found {}", kind(other)))),
+        other => {
+            return Err(TraceError::schema(
+                path,
+                format!("expected an integer, found {}", kind(other)),
+            ))
+        }
     };
     n.ok_or_else(|| TraceError::schema(path, "integer outside 0..2^64"))
 }
@@ -154,14 +199,20 @@ fn uint(value: &Value, path: &str) -> Result<u64, TraceError> {
 fn boolean(value: &Value, path: &str) -> Result<bool, TraceError> {
     match value {
         Value::Bool(b) => Ok(*b),
-        other => Err(TraceError::schema(path, format!("expected a bool, found {}", kind(other)))),
+        other => Err(TraceError::schema(
+            path,
+            format!("expected a bool, found {}", kind(other)),
+        )),
     }
 }
 
 fn size(value: &Value, path: &str) -> Result<u64, TraceError> {
     let n = uint(value, path)?;
     if n > MAX_REQUEST {
-        return Err(TraceError::schema(path, format!("size {n} exceeds the {MAX_REQUEST}-byte limit")));
+        return Err(TraceError::schema(
+            path,
+            format!("size {n} exceeds the {MAX_REQUEST}-byte limit"),
+        ));
     }
     Ok(n)
 }
@@ -186,7 +237,9 @@ fn event(value: &Value, path: &str) -> Result<TraceEvent, TraceError> {
     let num = |key: &str| uint(field(d, key, path)?, &format!("{path}.{key}"));
     let action_path = format!("{path}.action");
     let action_text = string(field(d, "action", path)?, &action_path)?;
-    let action: Action = action_text.parse().map_err(|e: String| TraceError::schema(&action_path, e))?;
+    let action: Action = action_text
+        .parse()
+        .map_err(|e: String| TraceError::schema(&action_path, e))?;
     Ok(TraceEvent {
         time_us: num("time_us")?,
         action,
@@ -203,7 +256,12 @@ fn segment(value: &Value, path: &str) -> Result<SegmentInfo, TraceError> {
     let is_small = match string(field(d, "segment_type", path)?, &type_path)? {
         "small" => true,
         "large" => false,
-        other => return Err(TraceError::schema(type_path, format!("unknown segment type '{other}'"))),
+        other => {
+            return Err(TraceError::schema(
+                type_path,
+                format!("unknown segment type '{other}'"),
+            ))
+        }
     };
     let is_expandable = match get(d, "is_expandable") {
         Some(v) => boolean(v, &format!("{path}.is_expandable"))?,
@@ -233,7 +291,12 @@ fn block(value: &Value, path: &str) -> Result<BlockInfo, TraceError> {
         "active_allocated" => BlockState::ActiveAllocated,
         "active_pending_free" => BlockState::ActivePendingFree,
         "inactive" => BlockState::Inactive,
-        other => return Err(TraceError::schema(state_path, format!("unknown block state '{other}'"))),
+        other => {
+            return Err(TraceError::schema(
+                state_path,
+                format!("unknown block state '{other}'"),
+            ))
+        }
     };
     let requested_size = match get(d, "requested_size") {
         Some(v) => size(v, &format!("{path}.requested_size"))?,
@@ -263,10 +326,16 @@ mod tests {
             (s("stream"), Value::I64(0)),
             (s("time_us"), Value::I64(1)),
         ]));
-        let settings = Value::Dict(BTreeMap::from([(s("PYTORCH_CUDA_ALLOC_CONF"), Value::String("".into()))]));
+        let settings = Value::Dict(BTreeMap::from([(
+            s("PYTORCH_CUDA_ALLOC_CONF"),
+            Value::String("".into()),
+        )]));
         Value::Dict(BTreeMap::from([
             (s("segments"), Value::List(vec![])),
-            (s("device_traces"), Value::List(vec![Value::List(vec![event])])),
+            (
+                s("device_traces"),
+                Value::List(vec![Value::List(vec![event])]),
+            ),
             (s("allocator_settings"), settings),
         ]))
     }
@@ -274,7 +343,8 @@ mod tests {
     #[test]
     fn big_addresses_survive_a_round_trip() {
         let addr = Value::Int(num_from(u64::MAX));
-        let bytes = serde_pickle::value_to_vec(&minimal(addr), serde_pickle::SerOptions::new()).unwrap();
+        let bytes =
+            serde_pickle::value_to_vec(&minimal(addr), serde_pickle::SerOptions::new()).unwrap();
         let snap = snapshot_from_slice(&bytes, &ReadLimits::default()).unwrap();
         assert_eq!(snap.device_traces[0][0].addr, u64::MAX);
         assert_eq!(snap.conf.as_deref(), Some(""));
@@ -288,7 +358,10 @@ mod tests {
     fn wrong_types_name_the_field() {
         let bad = minimal(Value::String("0x10".into()));
         let err = snapshot_from_value(&bad).unwrap_err();
-        assert!(err.to_string().contains("device_traces[0][0].addr"), "{err}");
+        assert!(
+            err.to_string().contains("device_traces[0][0].addr"),
+            "{err}"
+        );
         let negative = minimal(Value::I64(-1));
         assert!(snapshot_from_value(&negative).is_err());
         assert!(snapshot_from_value(&Value::List(vec![])).is_err());

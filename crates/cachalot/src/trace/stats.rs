@@ -59,7 +59,10 @@ pub fn read_stats<R: BufRead>(input: R, limits: &ReadLimits) -> Result<RunStats,
         if e.is_io() {
             io_error("stats JSON", e.into())
         } else {
-            TraceError::schema(format!("stats JSON line {} column {}", e.line(), e.column()), e.to_string())
+            TraceError::schema(
+                format!("stats JSON line {} column {}", e.line(), e.column()),
+                e.to_string(),
+            )
         }
     })
 }
@@ -90,7 +93,10 @@ mod tests {
     #[test]
     fn bad_json_is_a_typed_error() {
         let limits = ReadLimits::default();
-        assert!(matches!(read_stats(&b"{\"conf\": 3}"[..], &limits), Err(TraceError::Schema { .. })));
+        assert!(matches!(
+            read_stats(&b"{\"conf\": 3}"[..], &limits),
+            Err(TraceError::Schema { .. })
+        ));
         let deep = "[".repeat(100_000);
         assert!(read_stats(deep.as_bytes(), &limits).is_err());
     }
