@@ -456,12 +456,8 @@ mod tests {
     #[test]
     fn deep_nesting_is_refused() {
         let mut bytes = b"\x80\x04".to_vec();
-        for _ in 0..100_000 {
-            bytes.push(op::EMPTY_LIST);
-        }
-        for _ in 0..99_999 {
-            bytes.push(op::APPEND);
-        }
+        bytes.extend(std::iter::repeat_n(op::EMPTY_LIST, 100_000));
+        bytes.extend(std::iter::repeat_n(op::APPEND, 99_999));
         bytes.push(op::STOP);
         let err = run(&bytes).unwrap_err();
         assert!(err.to_string().contains("deeper"), "{err}");
