@@ -3,7 +3,7 @@
 //! PyTorch's recorded peak reserved and peak requested bytes, its number of device
 //! allocations, and the same device segment sizes in the same order.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cachalot::replay::{plan, replay, ReplayReport, Workload};
 use cachalot::trace::ReadLimits;
@@ -21,7 +21,7 @@ fn recordings(suffix: &str) -> Vec<PathBuf> {
 }
 
 /// Replays one recording and returns every mismatch with PyTorch's numbers.
-fn mismatches(path: &PathBuf) -> Vec<String> {
+fn mismatches(path: &Path) -> Vec<String> {
     let name = path
         .file_name()
         .expect("a file")
@@ -84,7 +84,7 @@ fn mismatches(path: &PathBuf) -> Vec<String> {
 fn every_trace_replays_to_pytorchs_numbers() {
     let traces = recordings(".trace.csv.gz");
     assert!(traces.len() >= 11);
-    let failures: Vec<String> = traces.iter().flat_map(mismatches).collect();
+    let failures: Vec<String> = traces.iter().flat_map(|p| mismatches(p)).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -92,6 +92,6 @@ fn every_trace_replays_to_pytorchs_numbers() {
 fn every_snapshot_replays_to_pytorchs_numbers() {
     let snapshots = recordings(".snapshot.pickle.gz");
     assert_eq!(snapshots.len(), 2);
-    let failures: Vec<String> = snapshots.iter().flat_map(mismatches).collect();
+    let failures: Vec<String> = snapshots.iter().flat_map(|p| mismatches(p)).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
