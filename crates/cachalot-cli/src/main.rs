@@ -1,6 +1,9 @@
 //! The `cachalot` command.
 
+mod compare;
 mod parity;
+mod progress;
+mod replay;
 
 use std::process::ExitCode;
 
@@ -13,10 +16,18 @@ enum Cli {
     /// Replay PyTorch golden scenarios through the `pytorch` policy on a simulated
     /// H100 and compare every statistic after every step.
     Parity(parity::Args),
+    /// Replay a recorded PyTorch trace or snapshot on a simulated device and report
+    /// peak memory, device segments and driver calls.
+    Replay(replay::Args),
+    /// Replay recordings under PyTorch native, PyTorch expandable segments and the
+    /// cachalot policy, side by side.
+    Compare(compare::Args),
 }
 
 fn main() -> ExitCode {
     match Cli::parse() {
         Cli::Parity(args) => parity::run(&args),
+        Cli::Replay(args) => replay::run(&args),
+        Cli::Compare(args) => compare::run(&args),
     }
 }

@@ -52,8 +52,10 @@ pub mod error;
 pub mod event;
 pub mod golden;
 pub mod policy;
+pub mod replay;
 pub mod snapshot;
 pub mod stats;
+pub mod trace;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};
