@@ -50,6 +50,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod policy;
 pub mod snapshot;
 pub mod stats;
 

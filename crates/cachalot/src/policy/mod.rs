@@ -1,0 +1,3 @@
+//! Allocation policies.
+
+pub mod cachalot;
