@@ -198,7 +198,7 @@ impl StreamState {
     fn over_budget(&self, size: u64) -> bool {
         let s = &self.ledger.stats;
         let active = (s.active_bytes.all.current as u64 + size).max(s.active_bytes.all.peak as u64);
-        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + 0.1) * active as f64
+        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + SEGMENT_SLACK) * active as f64
     }
 
     fn in_use(&self) -> u64 {
