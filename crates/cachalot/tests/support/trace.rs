@@ -30,7 +30,9 @@ pub fn traces_dir() -> PathBuf {
 fn gunzip(path: &Path) -> String {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut text = String::new();
-    flate2::read::GzDecoder::new(file).read_to_string(&mut text).expect("a gzip text file");
+    flate2::read::GzDecoder::new(file)
+        .read_to_string(&mut text)
+        .expect("a gzip text file");
     text
 }
 
@@ -45,7 +47,11 @@ pub fn load(name: &str) -> Vec<Op> {
             "free_completed" => false,
             _ => continue,
         };
-        ops.push(Op { alloc, addr: f[2].parse().expect("address"), size: f[3].parse().expect("size") });
+        ops.push(Op {
+            alloc,
+            addr: f[2].parse().expect("address"),
+            size: f[3].parse().expect("size"),
+        });
     }
     ops
 }
@@ -55,7 +61,8 @@ pub fn expandable_ratio(name: &str) -> f64 {
     let text = gunzip(&traces_dir().join(format!("{name}.expandable.stats.json.gz")));
     let v: serde_json::Value = serde_json::from_str(&text).expect("stats json");
     let m = &v["memory_stats"];
-    m["reserved_bytes.all.peak"].as_f64().expect("reserved") / m["requested_bytes.all.peak"].as_f64().expect("requested")
+    m["reserved_bytes.all.peak"].as_f64().expect("reserved")
+        / m["requested_bytes.all.peak"].as_f64().expect("requested")
 }
 
 /// The op index where the training loop is steady: the loop is the earliest
@@ -102,7 +109,12 @@ impl Outcome {
 }
 
 /// Replays `ops` on stream 0, validating every `validate_every` ops (0 = never).
-pub fn replay(alloc: &dyn DeviceAllocator, sim: &SimBackend, ops: &[Op], validate_every: usize) -> Outcome {
+pub fn replay(
+    alloc: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    ops: &[Op],
+    validate_every: usize,
+) -> Outcome {
     let steady = steady_start(ops);
     let mut live: HashMap<u64, u64> = HashMap::new();
     let mut at_steady = None;
@@ -111,7 +123,9 @@ pub fn replay(alloc: &dyn DeviceAllocator, sim: &SimBackend, ops: &[Op], validat
             at_steady = Some(sim.counters().memory_calls());
         }
         if op.alloc {
-            let ptr = alloc.malloc(op.size, StreamId(0)).expect("the trace fits the device");
+            let ptr = alloc
+                .malloc(op.size, StreamId(0))
+                .expect("the trace fits the device");
             live.insert(op.addr, ptr);
         } else if let Some(ptr) = live.remove(&op.addr) {
             alloc.free(ptr).expect("a live allocation");

@@ -23,12 +23,6 @@ pub(crate) const ROUNDING: u64 = 512;
 /// the request rounded up to this.
 const SEGMENT_ROUNDING: u64 = 2 << 20;
 
-/// Large requests below this share segments of [`MEDIUM_SEGMENT`] bytes
-/// (without virtual memory).
-const MEDIUM_MAX: u64 = 10 << 20;
-
-/// The segment size for large requests below [`MEDIUM_MAX`].
-const MEDIUM_SEGMENT: u64 = 20 << 20;
 
 /// How many free blocks beyond the best fit placement looks at for one whose
 /// pages are already mapped.
