@@ -114,3 +114,22 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
         self.stats().max_memory_reserved()
     }
 }
+
+/// Builds the allocator for `config.policy` on `backend`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
+/// the policy cannot run.
+pub fn create(
+    backend: Arc<dyn Backend>,
+    config: AllocatorConfig,
+) -> Result<Arc<dyn DeviceAllocator>> {
+    match config.policy {
+        PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
+            backend, config,
+        )?)),
+        PolicyKind::Cachalot => Ok(Arc::new(crate::policy::CachalotAllocator::new(
+            backend, config,
+        )?)),
+    }
+}

@@ -209,7 +209,7 @@ fn steady_reuse_makes_no_driver_calls() {
     let sim = Arc::new(SimBackend::new(1 << 30));
     let alloc = allocator(&sim, "");
     let sizes = [3 * MIB, 512, 40 * MIB, 70_000, 9 * MIB];
-    let mut round = || {
+    let round = || {
         let ptrs: Vec<u64> = sizes
             .iter()
             .map(|s| alloc.malloc(*s, StreamId(0)).unwrap())

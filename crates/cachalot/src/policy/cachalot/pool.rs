@@ -23,7 +23,6 @@ pub(crate) const ROUNDING: u64 = 512;
 /// the request rounded up to this.
 const SEGMENT_ROUNDING: u64 = 2 << 20;
 
-
 /// How many free blocks beyond the best fit placement looks at for one whose
 /// pages are already mapped.
 const SCAN: usize = 16;
