@@ -154,24 +154,20 @@ impl CachalotAllocator {
         })
     }
 
-    /// The streams that may own `ptr`: the one whose range holds it, else (for
-    /// segments) all of them.
-    fn owners(&self, ptr: DevicePtr) -> Vec<&StreamEntry> {
-        match self.streams.owner_of(ptr) {
-            Some(e) => vec![e],
-            None if self.pages.granularity() == 0 => self.streams.iter().collect(),
-            None => Vec::new(),
-        }
-    }
-
-    /// Runs `f` on the live allocation at `ptr` under its stream's lock.
+    /// Runs `f` on the live allocation at `ptr` under its stream's lock: the
+    /// stream whose range holds `ptr`, else (for segments) each in turn.
     fn with_live<T>(
         &self,
         ptr: DevicePtr,
         f: impl FnOnce(&mut StreamState, usize, heap::BlockId) -> Result<T>,
     ) -> Result<T> {
+        let owner = self.streams.owner_of(ptr);
+        let segments = self.pages.granularity() == 0;
+        let candidates = owner
+            .into_iter()
+            .chain(self.streams.iter().filter(|_| segments && owner.is_none()));
         let mut reason = FreeError::Foreign;
-        for entry in self.owners(ptr) {
+        for entry in candidates {
             let mut st = entry.lock();
             match st.find(ptr) {
                 Ok((p, id)) => return f(&mut st, p, id),
