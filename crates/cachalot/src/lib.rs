@@ -53,6 +53,7 @@ pub mod event;
 pub mod history;
 pub mod report;
 pub mod snapshot;
+pub mod snapshot_io;
 pub mod stats;
 pub mod summary;
 
