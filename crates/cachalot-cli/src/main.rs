@@ -1,12 +1,33 @@
 //! The `cachalot` command.
 
+mod input;
+mod summary;
+mod view;
+
+use std::process::ExitCode;
+
 use clap::Parser;
 
 /// cachalot: a caching GPU memory manager, its parity checks and its memory reports.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-enum Cli {}
+enum Cli {
+    /// Print the memory summary table of a run (and optionally write its snapshot).
+    Summary(summary::Args),
+    /// Write a self-contained HTML page of a run's memory over time.
+    View(view::Args),
+}
 
-fn main() {
-    let _ = Cli::parse();
+fn main() -> ExitCode {
+    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse() {
+        Cli::Summary(args) => summary::run(&args).map_err(Into::into),
+        Cli::View(args) => view::run(&args).map_err(Into::into),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cachalot: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -56,6 +56,7 @@ pub mod snapshot;
 pub mod snapshot_io;
 pub mod stats;
 pub mod summary;
+pub mod view;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};
