@@ -1,6 +1,7 @@
 //! The `cachalot` command.
 
 mod input;
+mod parity;
 mod summary;
 mod view;
 
@@ -12,6 +13,9 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 enum Cli {
+    /// Replay PyTorch golden scenarios through the `pytorch` policy on a simulated
+    /// H100 and compare every statistic after every step.
+    Parity(parity::Args),
     /// Print the memory summary table of a run (and optionally write its snapshot).
     Summary(summary::Args),
     /// Write a self-contained HTML page of a run's memory over time.
@@ -19,10 +23,15 @@ enum Cli {
 }
 
 fn main() -> ExitCode {
-    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse() {
-        Cli::Summary(args) => summary::run(&args).map_err(Into::into),
-        Cli::View(args) => view::run(&args).map_err(Into::into),
-    };
+    match Cli::parse() {
+        Cli::Parity(args) => parity::run(&args),
+        Cli::Summary(args) => exit_code(summary::run(&args)),
+        Cli::View(args) => exit_code(view::run(&args)),
+    }
+}
+
+/// Prints an error, if any, and turns the result into the exit status.
+fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
