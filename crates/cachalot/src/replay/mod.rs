@@ -112,14 +112,19 @@ impl ReplayReport {
     }
 }
 
-/// Collects the sizes of the segments an allocator obtains.
-#[derive(Debug, Default)]
+/// Collects the sizes of the segments an allocator obtains, and passes every
+/// event on to `also` (a history recorder, say).
+#[derive(Default)]
 struct SegmentLog {
     sizes: Mutex<Vec<u64>>,
+    also: Option<Arc<dyn Observer>>,
 }
 
 impl Observer for SegmentLog {
     fn on_event(&self, event: &TraceEvent) {
+        if let Some(also) = &self.also {
+            also.on_event(event);
+        }
         if matches!(event.action, Action::SegmentAlloc | Action::SegmentMap) {
             self.sizes
                 .lock()
@@ -150,7 +155,25 @@ pub fn run(
     sim: &SimBackend,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let log = Arc::new(SegmentLog::default());
+    run_observed(plan, allocator, sim, progress, None)
+}
+
+/// [`run`], also passing every allocator event to `observer` (a
+/// [`History`](crate::history::History), to see the replay afterwards).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_observed(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    progress: &mut dyn FnMut(usize),
+    observer: Option<Arc<dyn Observer>>,
+) -> Result<ReplayReport, ReplayError> {
+    let log = Arc::new(SegmentLog {
+        sizes: Mutex::default(),
+        also: observer,
+    });
     allocator.set_observer(Some(log.clone()));
     let start = Instant::now();
     let result = drive(plan, allocator, progress);

@@ -2,6 +2,7 @@
 // cachalot memory page. Reads the JSON in #data (see view/mod.rs for its
 // layout), computes each allocation's band once, draws on canvases.
 (function () {
+  const started = performance.now();
   const D = JSON.parse(document.getElementById("data").textContent);
   const N = Math.max(D.events, 1);
   const PAGE = 2 * 1024 * 1024;
@@ -156,7 +157,7 @@
       ctx.fillText(String(t), x, M.t + PH + 6);
     }
     ctx.textAlign = "left";
-    ctx.fillText("event index (time " + fmtTime(N - 1) + " in all)", M.l, M.t + PH + 20);
+    ctx.fillText("event index (" + fmtTime(N - 1) + " from first to last event)", M.l, M.t + PH + 20);
   }
 
   // ---- the timeline ----------------------------------------------------------
@@ -249,7 +250,7 @@
   const map = document.getElementById("map"), mapTip = document.getElementById("map-tip");
   const slider = document.getElementById("slider"), sliderLabel = document.getElementById("slider-label");
   slider.max = String(N - 1);
-  const CELL = 9, GAP = 1, LABEL = 190, ROW = CELL + GAP;
+  const CELL = 9, GAP = 1, LABEL = 220, ROW = CELL + GAP;
   let cells = [];  // hit boxes: {x, y, seg, page, used, allocs}
   let drawnSegments = 0;
 
@@ -373,4 +374,5 @@
   slider.value = String(D.peak_index);
   drawMap(D.peak_index);
   document.body.setAttribute("data-drawn-allocations", String(drawn));
+  document.body.setAttribute("data-render-ms", String(Math.round(performance.now() - started)));
 })();
