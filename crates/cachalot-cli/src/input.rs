@@ -108,6 +108,13 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
         &mut |_| {},
         Some(history.clone()),
     )?;
+    if let Some(oom) = &report.first_oom {
+        eprintln!(
+            "the replay ran out of memory {} times (those allocations were skipped); the first time:\n{}",
+            report.ooms,
+            cachalot::report::oom::describe(oom)
+        );
+    }
     Ok(Run {
         dump: SnapshotDump::capture(allocator.as_ref(), Some(&history)),
         stats: allocator.stats(),

@@ -24,7 +24,7 @@ pub use plan::{plan, Op, Plan, PlanError, RecordedDevice};
 use crate::allocator::DeviceAllocator;
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, CallKind, DevicePtr};
-use crate::error::Error;
+use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
 
 /// The capacity of an H100 80GB as PyTorch reports it: the default replay device.
@@ -99,6 +99,10 @@ pub struct ReplayReport {
     pub ns_per_event: f64,
     /// The allocator's `memory_stats()` at the end.
     pub final_stats: BTreeMap<String, i64>,
+    /// The first out-of-memory error, with its breakdown (print it with
+    /// [`crate::report::oom::describe`]). Not part of the JSON output.
+    #[serde(skip)]
+    pub first_oom: Option<OomReport>,
 }
 
 impl ReplayReport {
@@ -141,6 +145,7 @@ struct Tally {
     frees: u64,
     empty_caches: u64,
     ooms: u64,
+    first_oom: Option<OomReport>,
 }
 
 /// Replays `plan` through `allocator`, which must draw from `sim`.
@@ -207,6 +212,7 @@ pub fn run_observed(
         ooms: tally.ooms,
         ns_per_event: elapsed.as_nanos() as f64 / plan.events.max(1) as f64,
         final_stats: stats.to_map(),
+        first_oom: tally.first_oom,
     })
 }
 
@@ -238,7 +244,10 @@ fn drive(
                         *entry = ptr;
                         tally.allocs += 1;
                     }
-                    Err(Error::OutOfMemory(_)) => tally.ooms += 1,
+                    Err(Error::OutOfMemory(report)) => {
+                        tally.ooms += 1;
+                        tally.first_oom.get_or_insert(*report);
+                    }
                     Err(e) => return Err(fail(e)),
                 }
             }
