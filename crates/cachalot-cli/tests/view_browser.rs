@@ -143,6 +143,38 @@ fn largest_trace_draws_every_allocation() {
     );
     let ms = attribute(&dom, "data-render-ms").expect("timed");
     assert!(ms < 5_000, "drawing the largest trace stays quick: {ms} ms");
+
+    // Hovering a band shows that allocation's details; "#t=" moves the map.
+    let page = out_dir()
+        .join("bert_dynamic.html")
+        .canonicalize()
+        .expect("page exists");
+    let url = format!("file://{}#hover=800,330&t=20000", page.display());
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let out = browser(&chromium, profile.path())
+        .args(["--window-size=1400,900", "--dump-dom"])
+        .arg(&url)
+        .output()
+        .expect("chromium runs");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let tip = dom.split("id=\"tip\"").nth(1).expect("the tooltip element");
+    let head: String = tip.chars().take(200).collect();
+    assert!(
+        tip.contains("display: block") && head.contains("allocation #"),
+        "hover details shown: {head}"
+    );
+    assert!(
+        dom.contains("event 20000 of 25241"),
+        "the map moved to event 20000"
+    );
+    let shot = out_dir().join("bert_dynamic_hover.png");
+    browser(&chromium, profile.path())
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1400,900")
+        .arg(&url)
+        .output()
+        .expect("chromium runs");
+    eprintln!("bert_dynamic: hover screenshot at {}", shot.display());
 }
 
 #[test]
