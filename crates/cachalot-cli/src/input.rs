@@ -6,13 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cachalot::allocator;
 use cachalot::backend::sim::SimBackend;
 use cachalot::history::{History, HistoryConfig};
-use cachalot::policy::PytorchAllocator;
-use cachalot::replay::{self, RecordedDevice, ReplayError, ReplayReport, H100_CAPACITY};
+use cachalot::replay::{
+    self, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload, H100_CAPACITY,
+};
 use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
-use cachalot::trace::{self, ReadLimits, Recording, TraceError};
-use cachalot::{AllocatorConfig, DeviceAllocator, MemoryStats, PolicyKind};
+use cachalot::trace::{ReadLimits, Recording, TraceError};
+use cachalot::{AllocatorConfig, MemoryStats};
 use thiserror::Error;
 
 /// A run could not be loaded or replayed.
@@ -49,12 +51,13 @@ pub(crate) enum InputError {
 #[derive(Debug, clap::Args)]
 pub(crate) struct ReplayArgs {
     /// Allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax); default: the
-    /// one recorded in the file, if any.
+    /// one recorded (in the stats file beside a trace, or in the snapshot).
     #[arg(long)]
     conf: Option<String>,
-    /// Simulated device size in bytes.
-    #[arg(long, default_value_t = H100_CAPACITY)]
-    capacity: u64,
+    /// Simulated device size in bytes; default: the recorded device's (an H100
+    /// 80GB when unknown).
+    #[arg(long)]
+    capacity: Option<u64>,
     /// Events the history keeps (the most recent ones).
     #[arg(long, default_value_t = 1 << 22)]
     max_events: usize,
@@ -85,18 +88,31 @@ impl Run {
     }
 }
 
+/// What a file recorded: its events and the device and configuration they
+/// were recorded with.
+struct Recorded {
+    recording: Recording,
+    conf: String,
+    capacity: u64,
+}
+
 /// Reads `path` and replays it.
 pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
-    let recording = read(path)?;
-    let conf = args.conf.clone().or(recording.conf).unwrap_or_default();
-    let config = AllocatorConfig::parse(&conf)?;
+    let recorded = read(path)?;
     let device = RecordedDevice {
-        capacity: args.capacity,
-        config: config.clone(),
+        capacity: recorded.capacity,
+        config: AllocatorConfig::parse(&recorded.conf)?,
     };
-    let plan = replay::plan(&recording.events, &device).map_err(ReplayError::from)?;
-    let sim = Arc::new(SimBackend::new(args.capacity));
-    let allocator = allocator(sim.clone(), config)?;
+    let plan = replay::plan(&recorded.recording.events, &device).map_err(ReplayError::from)?;
+    let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(&recorded.conf))?;
+    let sim = Arc::new(SimBackend::new(args.capacity.unwrap_or(recorded.capacity)));
+    // Hand out the recorded segment addresses, so the replay places blocks as
+    // the recording did and the page shows the recorded addresses.
+    let backend = Arc::new(RecordedAddresses::new(
+        sim.clone(),
+        plan.recorded_segment_allocs.clone(),
+    ));
+    let allocator = allocator::create(backend, config)?;
     let history = Arc::new(History::new(HistoryConfig {
         capacity: args.max_events,
         ..HistoryConfig::default()
@@ -122,36 +138,35 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
     })
 }
 
-fn allocator(
-    sim: Arc<SimBackend>,
-    config: AllocatorConfig,
-) -> Result<Box<dyn DeviceAllocator>, InputError> {
-    match config.policy {
-        PolicyKind::Pytorch => Ok(Box::new(PytorchAllocator::new(sim, config)?)),
-        PolicyKind::Cachalot => Err(InputError::Allocator(cachalot::Error::InvalidArgument(
-            "the cachalot policy is not in this build".to_string(),
-        ))),
-    }
-}
-
-/// The recording in `path`: a cachalot JSON snapshot's events, or whatever the
-/// trace readers find (CSV or pickle, plain or gzip).
-fn read(path: &Path) -> Result<Recording, InputError> {
+/// The recording in `path`: a cachalot JSON snapshot's events, or a trace CSV
+/// or snapshot pickle (plain or gzip) with the stats file beside it, if any.
+fn read(path: &Path) -> Result<Recorded, InputError> {
     if is_json(path) {
         let dump = snapshot_io::json::read_file(path).map_err(|source| InputError::Snapshot {
             path: path.to_path_buf(),
             source,
         })?;
-        let conf = Some(dump.config.source.clone());
-        return Ok(Recording {
+        let conf = dump.config.source.clone();
+        let recording = Recording {
             events: dump.events(),
             segments: dump.snapshot.segments,
+            conf: Some(conf.clone()),
+        };
+        return Ok(Recorded {
+            recording,
             conf,
+            capacity: H100_CAPACITY,
         });
     }
-    trace::read_recording_path(path, &ReadLimits::default()).map_err(|source| InputError::Trace {
-        path: path.to_path_buf(),
-        source,
+    let workload =
+        Workload::open(path, &ReadLimits::default()).map_err(|source| InputError::Trace {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(Recorded {
+        conf: workload.recorded_conf().to_string(),
+        capacity: workload.recorded_capacity(),
+        recording: workload.recording,
     })
 }
 

@@ -10,7 +10,9 @@
 //! Out-of-memory during a replay is not fatal: the allocation is counted in
 //! [`ReplayReport::ooms`] and skipped (and so is its later free).
 
+pub mod addresses;
 pub mod plan;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,11 +21,14 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use addresses::RecordedAddresses;
 pub use plan::{plan, Op, Plan, PlanError, RecordedDevice};
+pub use workload::Workload;
 
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{self, DeviceAllocator};
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, CallKind, DevicePtr};
+use crate::config::AllocatorConfig;
 use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
 
@@ -49,6 +54,9 @@ pub enum ReplayError {
         #[source]
         source: Error,
     },
+    /// The allocator could not be built for this configuration.
+    #[error("cannot build the allocator: {0}")]
+    Setup(#[source] Error),
     /// An op names a slot the plan does not have (a hand-built plan).
     #[error("op {op}: slot {slot} is outside the plan's {slots} slots")]
     BadSlot {
@@ -146,6 +154,27 @@ struct Tally {
     empty_caches: u64,
     ooms: u64,
     first_oom: Option<OomReport>,
+}
+
+/// Replays `plan` with a fresh allocator for `config` on a simulated device of
+/// `capacity` bytes that hands out the recorded segment addresses (see
+/// [`addresses`] for why, and [`run`]).
+///
+/// # Errors
+/// [`ReplayError::Setup`] when the policy cannot run `config`; otherwise as [`run`].
+pub fn replay(
+    plan: &Plan,
+    config: AllocatorConfig,
+    capacity: u64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayReport, ReplayError> {
+    let sim = Arc::new(SimBackend::new(capacity));
+    let backend = Arc::new(RecordedAddresses::new(
+        sim.clone(),
+        plan.recorded_segment_allocs.clone(),
+    ));
+    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
+    run(plan, allocator.as_ref(), &sim, progress)
 }
 
 /// Replays `plan` through `allocator`, which must draw from `sim`.

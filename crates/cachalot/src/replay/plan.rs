@@ -119,6 +119,8 @@ pub struct Plan {
     pub events: usize,
     /// Sizes of the recorded `segment_alloc`/`segment_map` events, in order.
     pub recorded_segment_sizes: Vec<u64>,
+    /// Address and size of the recorded `segment_alloc` events, in order.
+    pub recorded_segment_allocs: Vec<(u64, u64)>,
 }
 
 /// A recorded allocation that has not been freed yet.
@@ -146,6 +148,9 @@ pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, Plan
             Action::SegmentAlloc | Action::SegmentMap => {
                 builder.reserved = builder.reserved.saturating_add(e.size);
                 builder.segment_sizes.push(e.size);
+                if e.action == Action::SegmentAlloc {
+                    builder.segment_allocs.push((e.addr, e.size));
+                }
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 let run_start = i == 0 || !is_release(events[i - 1].action);
@@ -173,6 +178,7 @@ pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, Plan
         slots: builder.next_slot as usize,
         events: events.len(),
         recorded_segment_sizes: builder.segment_sizes,
+        recorded_segment_allocs: builder.segment_allocs,
     })
 }
 
@@ -206,6 +212,7 @@ struct Builder {
     blanked: Vec<usize>,
     reserved: u64,
     segment_sizes: Vec<u64>,
+    segment_allocs: Vec<(u64, u64)>,
 }
 
 impl Builder {
