@@ -92,8 +92,25 @@ fn wrong_policy_and_fraction_are_refused() {
         PytorchAllocator::new(backend.clone(), cfg.clone()),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(matches!(
-        cachalot::allocator::create(backend, cfg),
-        Err(Error::InvalidArgument(_))
-    ));
+    let alloc = cachalot::allocator::create(backend.clone(), cfg)
+        .expect("create builds the cachalot policy");
+    assert_eq!(alloc.policy(), PolicyKind::Cachalot);
+    for bad in [-0.5, 1.5, f64::NAN] {
+        assert!(
+            matches!(
+                alloc.set_memory_fraction(bad),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad}"
+        );
+        let pytorch = PytorchAllocator::new(backend.clone(), AllocatorConfig::default())
+            .expect("default config");
+        assert!(
+            matches!(
+                pytorch.set_memory_fraction(bad),
+                Err(Error::InvalidArgument(_))
+            ),
+            "{bad}"
+        );
+    }
 }
