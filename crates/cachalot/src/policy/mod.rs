@@ -2,8 +2,10 @@
 //! and release.
 //!
 //! * [`pytorch`]: PyTorch 2.11's native caching allocator, reproduced exactly.
+//! * [`cachalot`]: cachalot's own policy.
 
 pub(crate) mod arena;
+pub mod cachalot;
 pub mod pytorch;
 
 pub use pytorch::PytorchAllocator;
