@@ -2,11 +2,11 @@
 # Builds everything the GPU machine needs (it has no Rust) and copies it into a
 # folder that the device tool carries: the GPU test binaries, the Rust GPU bench,
 # the op lists of the bundled traces, the native (C++) bench and scripts/gpu.sh.
-# Usage: scripts/build-gpu-bin.sh [DEST]   (DEST defaults to ./gpu-bin, git-ignored)
+# Usage: scripts/build-gpu-bin.sh [DEST]   (DEST defaults to ./gpu-bin/cuda; gpu-bin is git-ignored)
 # Then, on the GPU machine, from the repository root: bash DEST/gpu.sh DEST
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dest=${1:-gpu-bin}
+dest=${1:-gpu-bin/cuda}
 mkdir -p "$dest/tests" "$dest/ops" "$dest/scripts"
 
 # Test and bench executables, found from cargo's JSON messages.
@@ -24,7 +24,7 @@ for line in sys.stdin:
 ' > /tmp/cachalot-gpu-tests.txt
 rm -f "$dest"/tests/*
 while read -r exe; do
-  name=$(basename "$exe"); cp "$exe" "$dest/tests/${name%-*}"
+  name=$(basename "$exe"); strip --strip-debug -o "$dest/tests/${name%-*}" "$exe"
 done < /tmp/cachalot-gpu-tests.txt
 if cargo bench -p cachalot --bench gpu --no-run --message-format=json >/tmp/cachalot-gpu-bench.json 2>/dev/null; then
   exe=$(python3 -c '
@@ -37,7 +37,7 @@ for line in open(sys.argv[1]):
     if m.get("executable") and m.get("target", {}).get("name") == "gpu":
         print(m["executable"])
 ' /tmp/cachalot-gpu-bench.json)
-  cp "$exe" "$dest/gpu_bench"
+  strip --strip-debug -o "$dest/gpu_bench" "$exe"
 else
   echo "note: no gpu bench target yet; the Rust contenders will be skipped" >&2
 fi

@@ -4,12 +4,12 @@
 # native allocator, cudaMallocAsync with a kept pool, cachalot with the pytorch
 # policy, cachalot with its own policy), ending with a short table.
 #
-# Usage, on the GPU machine from the repository root: bash gpu-bin/gpu.sh [BIN] [--quick]
-#   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin)
+# Usage, on the GPU machine from the repository root: bash gpu-bin/cuda/gpu.sh [BIN] [--quick]
+#   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
-bin=${1:-gpu-bin}
+bin=${1:-gpu-bin/cuda}
 quick=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
@@ -29,23 +29,28 @@ for t in "$bin"/tests/*; do
   if ! "$t" --test-threads=1 --nocapture; then status=1; echo "FAILED: $(basename "$t")"; fi
 done
 
-section "2. compute-sanitizer on the GPU tests"
+section "2. compute-sanitizer (memcheck, leak check) on the GPU tests"
+# The golden parity test only repeats the allocator logic with many driver calls,
+# so the sanitizer runs the backend tests and the integrity stress.
 if command -v compute-sanitizer >/dev/null; then
-  for t in "$bin"/tests/*; do
-    [ -x "$t" ] || continue
-    for tool in memcheck synccheck; do
-      echo "--- $tool $(basename "$t")"
-      compute-sanitizer --tool "$tool" --error-exitcode 9 --print-limit 20 "$t" --test-threads=1 2>&1 | tail -4
-      echo "exit ${PIPESTATUS[0]}"
-    done
+  for run in "gpu_backend" "gpu_allocator integrity"; do
+    set -- $run
+    [ -x "$bin/tests/$1" ] || continue
+    echo "--- memcheck $run"
+    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 --print-limit 20 \
+      "$bin/tests/$1" ${2:-} --test-threads=1 > /tmp/sanitizer.log 2>&1
+    code=$?
+    grep -E "^=========|test result" /tmp/sanitizer.log | head -40
+    echo "compute-sanitizer exit $code"
   done
 else
   echo "skipped: compute-sanitizer not installed"
 fi
 
 section "3. other helpers' GPU checks"
-# Other helpers add their GPU checks here, each as: if [ -x "$bin/<name>" ]; then ...; fi
-for check in "$bin"/checks/*; do
+# Other helpers' GPU checks: each executable in gpu-bin/checks/ (beside BIN; carry it
+# with its binaries) runs here from the repository root; a non-zero exit fails the run.
+for check in "$(dirname "$bin")"/checks/*; do
   [ -x "$check" ] || continue
   echo "--- $(basename "$check")"
   "$check" || { status=1; echo "FAILED: $(basename "$check")"; }

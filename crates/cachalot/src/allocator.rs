@@ -118,7 +118,7 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 /// Builds the allocator for `config.policy` on `backend`.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a configuration the policy cannot run, or a
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration the policy cannot run, or a
 /// policy not built yet.
 pub fn create(
     backend: Arc<dyn Backend>,
@@ -128,8 +128,8 @@ pub fn create(
         PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
             backend, config,
         )?)),
-        PolicyKind::Cachalot => Ok(Arc::new(
-            crate::policy::cachalot::CachalotAllocator::new(backend, config)?,
-        )),
+        PolicyKind::Cachalot => Ok(Arc::new(crate::policy::cachalot::CachalotAllocator::new(
+            backend, config,
+        )?)),
     }
 }
