@@ -40,7 +40,7 @@ if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 --print-limit 20 \
       "$bin/tests/$1" ${2:-} --test-threads=1 > /tmp/sanitizer.log 2>&1
     code=$?
-    grep -E "^=========|test result" /tmp/sanitizer.log | head -40
+    grep -E "^=========|test result|Program hit" /tmp/sanitizer.log | grep -v "Host Frame" | head -20
     echo "compute-sanitizer exit $code"
   done
 else

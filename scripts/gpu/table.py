@@ -20,6 +20,12 @@ def mib(b):
     return "-" if b is None else f"{b / 2**20:.1f}"
 
 
+def calls(r):
+    if "memory_calls_first" not in r:
+        return "-"
+    return f"{r['memory_calls_first']} / {r['memory_calls_per_later_pass']:.1f}"
+
+
 def load(d, name):
     path = os.path.join(d, name)
     if not os.path.exists(path):
@@ -39,8 +45,8 @@ def main():
     gpu = open(os.path.join(d, "gpu.txt")).read().strip() if os.path.exists(os.path.join(d, "gpu.txt")) else "?"
     print(f"GPU: {gpu}\n")
     print("| trace | allocator | ns/op first pass | ns/op steady (median) | reserved MiB (allocator) "
-          "| device used MiB (cuMemGetInfo) | simulator predicted MiB |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          "| device used MiB (cuMemGetInfo) | simulator predicted MiB | driver memory calls: first pass / later pass |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for trace in sorted(replay):
         for key in NAMES:
             r = replay[trace].get(key)
@@ -48,7 +54,7 @@ def main():
                 continue
             print(f"| {trace} | {NAMES[key]} | {r['ns_first']:.0f} | {r['ns_steady']:.0f} | "
                   f"{mib(r.get('reserved_after_first'))} | {mib(r.get('device_used_after_first'))} | "
-                  f"{mib(r.get('sim_reserved'))} |")
+                  f"{mib(r.get('sim_reserved'))} | {calls(r)} |")
     print("\n| trace | cachalot policy steady / PyTorch native steady | pytorch policy steady / PyTorch native |")
     print("|---|---:|---:|")
     for trace in sorted(replay):

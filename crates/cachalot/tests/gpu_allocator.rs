@@ -46,7 +46,7 @@ fn golden_parity_on_the_gpu() {
         .collect();
     files.sort();
     assert!(!files.is_empty());
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let (mut passed, mut failed, mut skipped, mut differ) = (0, 0, 0, 0);
     for file in files {
         for entry in golden::load(&file).expect("golden file") {
             if entry.ops.is_none() && entry.total_memory != Some(total) {
@@ -59,20 +59,22 @@ fn golden_parity_on_the_gpu() {
             }
             let backend: Arc<dyn Backend> = Arc::new(CudaBackend::new(0).expect("GPU"));
             let outcome = golden::check_on(&entry, backend);
+            let simulated = golden::check(&entry, total);
+            if format!("{:?}", outcome.mismatches) != format!("{:?}", simulated.mismatches) {
+                differ += 1;
+                eprintln!("{}: the GPU and the simulator disagree", outcome.name);
+            }
             if outcome.passed() {
                 passed += 1;
             } else {
                 failed += 1;
-                eprintln!(
-                    "{} {}: FAILED {:?}",
-                    file.display(),
-                    outcome.name,
-                    outcome.mismatches.first()
-                );
+                let first = outcome.mismatches.first();
+                eprintln!("{} {}: FAILED {first:?}", file.display(), outcome.name);
             }
         }
     }
-    eprintln!("golden parity on the GPU: {passed} passed, {failed} failed, {skipped} skipped");
+    eprintln!("golden parity on the GPU: {passed} passed, {failed} failed, {skipped} skipped; {differ} differ from the simulator");
+    assert_eq!(differ, 0, "the backend changed an outcome");
     assert_eq!(failed, 0);
     assert!(passed > 0);
 }

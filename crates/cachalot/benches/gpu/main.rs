@@ -106,6 +106,23 @@ fn simulated_reserved(list: &OpList, policy: PolicyKind) -> BoxResult<u64> {
     Ok(alloc.memory_reserved())
 }
 
+/// Memory calls (segments, pages, ranges, maps) and event calls the backend served
+/// so far.
+fn driver_calls(gpu: &CudaBackend) -> (u64, u64) {
+    let counts = gpu.call_counts();
+    let memory = counts
+        .iter()
+        .filter(|(k, _)| k.is_memory_call())
+        .map(|(_, n)| n)
+        .sum();
+    let events = counts
+        .iter()
+        .filter(|(k, _)| !k.is_memory_call())
+        .map(|(_, n)| n)
+        .sum();
+    (memory, events)
+}
+
 fn replay(
     gpu: &Arc<CudaBackend>,
     list: &OpList,
@@ -122,6 +139,8 @@ fn replay(
     let mut ptrs = vec![0; list.ids];
     let free_before = gpu.mem_info()?.free;
     let (mut ns, mut reserved_first, mut used_first) = (Vec::new(), 0, 0);
+    let start_calls = driver_calls(gpu);
+    let mut first_calls = start_calls;
     for i in 0..passes {
         let took = pass(alloc.as_ref(), list, &streams, &mut ptrs)?;
         ns.push(took.as_nanos() as f64 / list.ops.len() as f64);
@@ -129,8 +148,11 @@ fn replay(
         if i == 0 {
             reserved_first = alloc.memory_reserved();
             used_first = free_before.saturating_sub(gpu.mem_info()?.free);
+            first_calls = driver_calls(gpu);
         }
     }
+    let end_calls = driver_calls(gpu);
+    let later_passes = (passes.max(2) - 1) as f64;
     alloc.validate()?;
     let reserved_peak = alloc.max_memory_reserved();
     alloc.empty_cache()?;
@@ -150,6 +172,10 @@ fn replay(
         "reserved_peak": reserved_peak,
         "device_used_after_first": used_first,
         "sim_reserved": sim_reserved,
+        "memory_calls_first": first_calls.0 - start_calls.0,
+        "memory_calls_per_later_pass": (end_calls.0 - first_calls.0) as f64 / later_passes,
+        // Less the bench's own synchronize after each pass.
+        "other_calls_per_later_pass": (end_calls.1 - first_calls.1) as f64 / later_passes - 1.0,
     }))
 }
 

@@ -296,10 +296,11 @@ impl Registry {
         }
     }
 
-    /// Checks that work may be queued on `stream`: the default stream, a stream
-    /// this backend created or one registered with it.
+    /// Checks that work may be queued on `stream`: the default stream (0, or the
+    /// driver's special handles `CU_STREAM_LEGACY` = 1 and `CU_STREAM_PER_THREAD` =
+    /// 2), a stream this backend created or one registered with it.
     pub(super) fn check_stream(&self, call: CallKind, stream: StreamId) -> BackendResult<()> {
-        if stream == StreamId::DEFAULT
+        if stream.0 <= 2
             || self.own_streams.contains(&stream)
             || self.foreign_streams.contains(&stream)
         {
