@@ -3,7 +3,7 @@
 allocator and cudaMallocAsync with a kept pool) over op lists, and writes JSON.
 
 Usage: native_bench.py --ops DIR --out FILE.json [--so PREBUILT.so] [--build-dir DIR]
-                       [--passes N] [--steps N] [--threads 1,2,4,8]
+                       [--passes N] [--steps N] [--threads 1,2,4,8] [--repeats 3]
 
 The extension (native_alloc.cpp beside this file) is loaded from --so when given
 and present, else compiled with torch.utils.cpp_extension.load into --build-dir.
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--passes", type=int, default=20)
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--threads", default="1,2,4,8")
+    ap.add_argument("--repeats", type=int, default=3, help="scaling runs per thread count (median)")
     ap.add_argument("--contenders", default="pytorch,async")
     args = ap.parse_args()
 
@@ -75,9 +76,11 @@ def main():
     for name in contenders:
         result["scaling"][name] = {}
         for threads in [int(t) for t in args.threads.split(",")]:
-            rate = ext.scaling(name, threads, args.steps)
+            runs = [ext.scaling(name, threads, args.steps) for _ in range(args.repeats)]
+            rate = statistics.median(runs)
             result["scaling"][name][str(threads)] = rate
-            print(f"scaling {name:8} {threads} threads: {rate:.2f} ops/us")
+            print(f"scaling {name:8} {threads} threads: {rate:.2f} ops/us (median of "
+                  f"{', '.join(f'{r:.2f}' for r in runs)})")
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)
 

@@ -6,7 +6,8 @@
 //! whole pass), the allocator's reserved bytes after the first pass, the device
 //! memory it took (cuMemGetInfo before and after the first pass), and what the
 //! simulator predicts for the same replay. Then the threaded pattern with 1, 2, 4
-//! and 8 threads, each on its own stream: total operations per microsecond.
+//! and 8 threads, each on its own stream: total operations per microsecond (the
+//! median of three runs).
 //!
 //! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
@@ -285,8 +286,17 @@ fn main() -> BoxResult<()> {
     for (key, policy) in policies {
         let mut by = BTreeMap::new();
         for &threads in &args.threads {
-            let rate = scaling(&gpu, policy, threads, args.steps)?;
-            println!("scaling {key:18} {threads} threads: {rate:.2} ops/us");
+            let mut runs = Vec::new();
+            for _ in 0..3 {
+                runs.push(scaling(&gpu, policy, threads, args.steps)?);
+            }
+            let shown: Vec<String> = runs.iter().map(|r| format!("{r:.2}")).collect();
+            runs.sort_by(f64::total_cmp);
+            let rate = runs[1];
+            println!(
+                "scaling {key:18} {threads} threads: {rate:.2} ops/us (median of {})",
+                shown.join(", ")
+            );
             by.insert(threads.to_string(), rate);
         }
         scalings.insert(key, by);

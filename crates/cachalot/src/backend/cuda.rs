@@ -206,7 +206,7 @@ impl CudaBackend {
     ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
-        if ptr % 4 != 0 {
+        if !ptr.is_multiple_of(4) {
             return Err(BackendError::InvalidArgument {
                 call,
                 reason: format!("{ptr:#x} is not 4-byte aligned"),

@@ -69,7 +69,7 @@ fn invalid_argument(call: CallKind, reason: String) -> BackendError {
 impl Registry {
     /// Checks that `size` is a positive multiple of `granularity` (when one is given).
     pub(super) fn check_size(call: CallKind, size: u64, granularity: u64) -> BackendResult<()> {
-        if size == 0 || (granularity > 0 && size % granularity != 0) {
+        if size == 0 || (granularity > 0 && !size.is_multiple_of(granularity)) {
             let reason =
                 format!("size {size} is zero or not a multiple of the granularity {granularity}");
             return Err(invalid_argument(call, reason));
@@ -189,7 +189,7 @@ impl Registry {
         })?;
         let size = p.size;
         let fits = self.range_of(addr).is_some_and(|(base, r)| {
-            let aligned = granularity > 0 && (addr - base) % granularity == 0;
+            let aligned = granularity > 0 && (addr - base).is_multiple_of(granularity);
             let inside = addr - base + size <= r.size;
             let before = r
                 .mapped
