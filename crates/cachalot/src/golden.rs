@@ -20,7 +20,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::sim::SimBackend;
+use crate::backend::sim::{AddressOrder, SimBackend};
 use crate::backend::{Backend, StreamId};
 use crate::config::{AllocatorConfig, MIB};
 use crate::error::{format_size, Error, OomReport};
@@ -143,12 +143,18 @@ pub fn load(path: &Path) -> Result<Vec<GoldenEntry>, GoldenError> {
 
 /// Replays one entry through a fresh `pytorch` allocator on a simulated device of
 /// `capacity` bytes (the entry's `total_memory` for the out-of-memory entry).
+///
+/// PyTorch breaks ties between equal-size cached blocks by address, and the
+/// recording's addresses came from the CUDA driver, which handed out each new
+/// segment below the previous ones; the simulated device does the same
+/// ([`AddressOrder::Descending`]).
 pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
     let capacity = entry
         .total_memory
         .filter(|_| entry.ops.is_none())
         .unwrap_or(capacity);
-    check_on(entry, Arc::new(SimBackend::new(capacity)))
+    let sim = SimBackend::new(capacity).with_address_order(AddressOrder::Descending);
+    check_on(entry, Arc::new(sim))
 }
 
 /// Replays one entry through a fresh `pytorch` allocator on `backend` (a real GPU,

@@ -366,3 +366,52 @@ fn threads_on_their_own_streams_with_cross_frees() {
     alloc.empty_cache().unwrap();
     assert_eq!(sim.live_objects(), 0);
 }
+
+/// Frees a hole too small for the next request: with no slack the stream
+/// re-maps the hole's pages instead of creating new ones.
+fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, conf);
+    let a = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+    let b = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+    alloc.free(a).unwrap();
+    let c = alloc.malloc(12 * MIB, StreamId(0)).unwrap();
+    alloc.validate().unwrap();
+    let out = (
+        alloc.memory_reserved(),
+        sim.counters().count(CallKind::CreatePage),
+    );
+    for p in [b, c] {
+        alloc.free(p).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+    out
+}
+
+#[test]
+fn pages_are_remapped_past_the_reuse_slack() {
+    let (tight, tight_pages) = reserved_after_a_misfit("cachalot_reuse_slack:0");
+    let (loose, loose_pages) = reserved_after_a_misfit("cachalot_reuse_slack:1");
+    assert_eq!(tight, 20 * MIB, "only the pages under b and c stay mapped");
+    assert_eq!(tight_pages, 10);
+    assert_eq!(loose, 28 * MIB, "a's pages stay cached");
+    assert_eq!(loose_pages, 14);
+}
+
+#[test]
+fn the_release_threshold_bounds_cached_pages() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, "cachalot_release_threshold_mb:4");
+    let ptrs: Vec<u64> = (0..4)
+        .map(|_| alloc.malloc(16 * MIB, StreamId(0)).unwrap())
+        .collect();
+    for p in ptrs {
+        alloc.free(p).unwrap();
+        alloc.validate().unwrap();
+        assert!(alloc.memory_reserved() - alloc.memory_allocated() <= 4 * MIB);
+    }
+    assert_eq!(alloc.memory_reserved(), 4 * MIB);
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}

@@ -112,6 +112,9 @@ impl Pool {
                 if best.is_none_or(|p| unmapped < p.unmapped) {
                     best = Some(Placement { id, at, unmapped });
                 }
+                if unmapped == 0 {
+                    break;
+                }
             }
             if best.is_some_and(|p| p.unmapped == 0) {
                 break;
@@ -177,10 +180,7 @@ impl Pool {
             backend: "segments",
         })?;
         let (addr, g) = (slots.addr(slot), slots.granularity());
-        if let Err(e) = pages.backend().unmap(addr, g) {
-            slots.recool(slot);
-            return Err(e);
-        }
+        pages.backend().unmap(addr, g)?;
         let runs = slots.runs();
         let page = slots
             .uninstall(slot)

@@ -1,11 +1,11 @@
 //! The page slots of a reserved virtual range: which 2 MiB slots have a physical
 //! page mapped, how many live blocks touch each, and which mapped slots no live
-//! block touches (the cached pages, kept in least-recently-freed order so a
-//! stream that must re-map one takes the coldest).
+//! block touches (the cached pages). A stream that must re-map a cached page
+//! takes the next one after a rotating hand (a clock sweep), so the hot path
+//! keeps no queue.
 //!
 //! Bookkeeping only: the caller makes the backend calls and reports them here.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 
 use crate::backend::PageHandle;
@@ -22,9 +22,8 @@ pub(crate) struct Slots {
     base: u64,
     granularity: u64,
     slots: Vec<Slot>,
-    /// Slots that became unused, oldest first; entries go stale when the slot is
-    /// used or unmapped again, and are skipped then.
-    cold: VecDeque<u32>,
+    /// Where the next sweep for a cached page starts.
+    hand: u32,
     /// Mapped slots.
     mapped: u64,
     /// Slots with at least one user.
@@ -42,7 +41,7 @@ impl Slots {
             base,
             granularity,
             slots: Vec::new(),
-            cold: VecDeque::new(),
+            hand: 0,
             mapped: 0,
             in_use: 0,
             cached: 0,
@@ -86,18 +85,18 @@ impl Slots {
 
     /// Slots in `span` without a page.
     pub(crate) fn unmapped_in(&self, span: Range<u32>) -> u64 {
-        span.filter(|s| !self.is_mapped(*s)).count() as u64
-    }
-
-    /// Slots in `span` without users.
-    pub(crate) fn idle_in(&self, span: Range<u32>) -> u64 {
-        span.filter(|s| self.get(*s).users == 0).count() as u64
+        let (start, end) = (span.start as usize, span.end as usize);
+        let known = &self.slots[start.min(self.slots.len())..end.min(self.slots.len())];
+        let beyond = end.saturating_sub(self.slots.len().max(start));
+        (known.iter().filter(|s| s.page.is_none()).count() + beyond) as u64
     }
 
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
-        for s in span {
-            let slot = self.get_mut(s);
+        if span.end as usize > self.slots.len() {
+            self.slots.resize(span.end as usize, Slot::default());
+        }
+        for slot in &mut self.slots[span.start as usize..span.end as usize] {
             slot.users += 1;
             if slot.users == 1 {
                 let mapped = slot.page.is_some();
@@ -109,19 +108,14 @@ impl Slots {
 
     /// Removes a user from every slot of `span`.
     pub(crate) fn release(&mut self, span: Range<u32>) {
-        for s in span {
-            let slot = self.get_mut(s);
+        for slot in &mut self.slots[span.start as usize..span.end as usize] {
             slot.users -= 1;
             if slot.users == 0 {
                 let mapped = slot.page.is_some();
                 self.in_use -= 1;
-                if mapped {
-                    self.cached += 1;
-                    self.cold.push_back(s);
-                }
+                self.cached += u64::from(mapped);
             }
         }
-        self.compact_cold();
     }
 
     /// Records that `page` is now mapped at `slot`.
@@ -134,11 +128,7 @@ impl Slots {
         let idle = s.users == 0;
         self.mapped += 1;
         self.runs = self.runs + 1 - joins;
-        if idle {
-            self.cached += 1;
-            self.cold.push_back(slot);
-            self.compact_cold();
-        }
+        self.cached += u64::from(idle);
     }
 
     /// Records that the page at an unused `slot` was unmapped; returns it.
@@ -156,50 +146,22 @@ impl Slots {
         Some(page)
     }
 
-    /// The least recently freed mapped slot without users, outside `keep`.
+    /// The next mapped slot without users after the hand, outside `keep`.
     pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
-        let pos = self.cold.iter().position(|s| {
-            let slot = self.get(*s);
+        let n = self.slots.len() as u32;
+        let found = (0..n).map(|i| (self.hand + i) % n).find(|s| {
+            let slot = self.slots[*s as usize];
             slot.page.is_some() && slot.users == 0 && !keep.contains(s)
         })?;
-        self.cold.remove(pos)
+        self.hand = (found + 1) % n;
+        Some(found)
     }
 
-    /// Puts an unused mapped slot back at the cold end (after a failed unmap).
-    pub(crate) fn recool(&mut self, slot: u32) {
-        self.cold.push_front(slot);
-    }
-
-    /// Every mapped slot without users, oldest first.
+    /// Every mapped slot without users, by address.
     pub(crate) fn cached_slots(&self) -> Vec<u32> {
-        let mut out: Vec<u32> = (0..self.slots.len() as u32)
+        (0..self.slots.len() as u32)
             .filter(|s| self.is_mapped(*s) && self.get(*s).users == 0)
-            .collect();
-        let mut last = vec![usize::MAX; self.slots.len()];
-        for (i, s) in self.cold.iter().enumerate() {
-            last[*s as usize] = i;
-        }
-        out.sort_by_key(|s| last[*s as usize]);
-        out
-    }
-
-    /// Drops stale entries once the queue is much longer than the slots.
-    fn compact_cold(&mut self) {
-        if self.cold.len() <= 2 * self.slots.len() + 64 {
-            return;
-        }
-        let mut seen = vec![false; self.slots.len()];
-        let mut kept = VecDeque::with_capacity(self.cached as usize);
-        for s in self.cold.iter().rev() {
-            let slot = self.get(*s);
-            if slot.page.is_some()
-                && slot.users == 0
-                && !std::mem::replace(&mut seen[*s as usize], true)
-            {
-                kept.push_front(*s);
-            }
-        }
-        self.cold = kept;
+            .collect()
     }
 
     /// Mapped slots.

@@ -131,14 +131,8 @@ impl StreamState {
             .as_mut()
             .expect("ensure_range made the slots");
         let span = slots.span(place.at, size);
-        let after = self.in_use()
-            + self.pools[p]
-                .slots
-                .as_ref()
-                .map_or(0, |s| s.idle_in(span.clone()));
-        self.peak_in_use = self.peak_in_use.max(after);
-        let slots = self.pools[p].slots.as_mut().expect("checked above");
         slots.acquire(span.clone());
+        self.peak_in_use = self.peak_in_use.max(self.in_use());
         if place.unmapped > 0 {
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
@@ -283,7 +277,12 @@ impl StreamState {
 
     /// The pool and block of the live allocation at `ptr`.
     pub(crate) fn find(&self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
-        for (p, pool) in self.pools.iter().enumerate() {
+        // With ranges, the large pool's holds the pointer or the small pool is next.
+        let large_first = self.pools[1]
+            .range()
+            .is_some_and(|(b, n)| b <= ptr && ptr < b + n);
+        let order = if large_first { [1, 0] } else { [0, 1] };
+        for (p, pool) in order.map(|p| (p, &self.pools[p])) {
             if let Some(id) = pool.heap.live(ptr) {
                 return match pool.heap.block(id).state {
                     State::Allocated => Ok((p, id)),
@@ -308,7 +307,12 @@ impl StreamState {
         let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_requested(p == 0, addr, size, requested);
-        let Some(streams) = self.recorded.remove(&addr) else {
+        let recorded = if self.recorded.is_empty() {
+            None
+        } else {
+            self.recorded.remove(&addr)
+        };
+        let Some(streams) = recorded else {
             return self.complete(pages, p, id);
         };
         self.pools[p].heap.set_pending(id);

@@ -1,7 +1,7 @@
 //! `malloc`: the cache, then new memory, then the retry chain, then out-of-memory.
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::error::{Error, OomReport, Result, MAX_REQUEST};
+use crate::error::{Error, OomBreakdown, OomReport, Result, MAX_REQUEST};
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -16,7 +16,7 @@ impl State {
         if size == 0 {
             return Ok(0);
         }
-        if size > MAX_REQUEST {
+        if size >= MAX_REQUEST {
             return Err(Error::TooLarge {
                 requested: size,
                 limit: MAX_REQUEST,
@@ -77,6 +77,7 @@ impl State {
             allowed: self.allowed,
             stream: req.stream,
             config: self.config_source.clone(),
+            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
         }))
     }
 }
