@@ -20,7 +20,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::sim::SimBackend;
+use crate::backend::sim::{AddressOrder, SimBackend};
 use crate::backend::StreamId;
 use crate::config::{AllocatorConfig, MIB};
 use crate::error::{format_size, Error, OomReport};
@@ -143,6 +143,11 @@ pub fn load(path: &Path) -> Result<Vec<GoldenEntry>, GoldenError> {
 
 /// Replays one entry through a fresh `pytorch` allocator on a simulated device of
 /// `capacity` bytes (the entry's `total_memory` for the out-of-memory entry).
+///
+/// PyTorch breaks ties between equal-size cached blocks by address, and the
+/// recording's addresses came from the CUDA driver, which handed out each new
+/// segment below the previous ones; the simulated device does the same
+/// ([`AddressOrder::Descending`]).
 pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
     let mut out = Outcome {
         name: entry.name.clone(),
@@ -156,7 +161,7 @@ pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
         .total_memory
         .filter(|_| entry.ops.is_none())
         .unwrap_or(capacity);
-    let backend = Arc::new(SimBackend::new(capacity));
+    let backend = Arc::new(SimBackend::new(capacity).with_address_order(AddressOrder::Descending));
     let alloc = match PytorchAllocator::new(backend, config) {
         Ok(a) => a,
         Err(e) => return failed(out, "allocator", "created", &e.to_string()),

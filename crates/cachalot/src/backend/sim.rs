@@ -28,6 +28,22 @@ pub const SIM_BASE_ADDRESS: DevicePtr = 0x7f3a_5e00_0000;
 /// The simulated page size (and mapping granularity): 2 MiB.
 pub const SIM_GRANULARITY: u64 = 2 << 20;
 
+/// Where the simulated device places new segments and ranges.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum AddressOrder {
+    /// Each new range above the previous one (the default).
+    #[default]
+    Ascending,
+    /// A model of the CUDA driver's placement, inferred from PyTorch recordings on
+    /// an H100: each new range goes below the previous ones, except that a range
+    /// larger than one page reuses the highest freed span that fits (at that
+    /// span's top); single-page ranges never reuse freed spans. PyTorch breaks ties
+    /// between equal-size cached blocks by address, so replays that must match a
+    /// recording use this order. Addresses are still never handed out twice while
+    /// live, and a guard page follows each range.
+    Descending,
+}
+
 /// What an injected fault returns.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -84,6 +100,9 @@ struct Event {
 #[derive(Debug, Default)]
 struct State {
     next_address: DevicePtr,
+    order: AddressOrder,
+    /// Freed address spans (base, bytes) reusable in descending order.
+    holes: BTreeMap<DevicePtr, u64>,
     next_handle: u64,
     segments: HashMap<DevicePtr, u64>,
     ranges: BTreeMap<DevicePtr, Range>,
@@ -129,6 +148,19 @@ impl SimBackend {
             caps,
             state: Mutex::new(state),
         }
+    }
+
+    /// Sets where new ranges are placed (see [`AddressOrder`]). Call before any
+    /// allocation.
+    pub fn with_address_order(self, order: AddressOrder) -> SimBackend {
+        {
+            let mut st = self.lock();
+            st.order = order;
+            if order == AddressOrder::Descending {
+                st.next_address = SIM_BASE_ADDRESS + (1 << 44);
+            }
+        }
+        self
     }
 
     /// A device the size of an H100 80GB (85,017,493,504 bytes), as PyTorch saw it.
@@ -268,10 +300,49 @@ impl State {
     /// Hands out a fresh address range of `size` bytes, 2 MiB aligned, followed by a
     /// guard gap.
     fn fresh_addresses(&mut self, size: u64) -> DevicePtr {
-        let base = self.next_address;
-        let span = size.div_ceil(SIM_GRANULARITY).max(1) + 1;
-        self.next_address = base.saturating_add(span * SIM_GRANULARITY);
-        base
+        let span = (size.div_ceil(SIM_GRANULARITY).max(1) + 1) * SIM_GRANULARITY;
+        match self.order {
+            AddressOrder::Ascending => {
+                let base = self.next_address;
+                self.next_address = base.saturating_add(span);
+                base
+            }
+            AddressOrder::Descending => {
+                if size > SIM_GRANULARITY {
+                    let hole = self.holes.iter().rev().find(|(_, len)| **len >= span);
+                    if let Some((base, len)) = hole.map(|(b, l)| (*b, *l)) {
+                        self.holes.remove(&base);
+                        if len > span {
+                            self.holes.insert(base, len - span);
+                        }
+                        return base + len - span;
+                    }
+                }
+                self.next_address = self.next_address.saturating_sub(span);
+                self.next_address
+            }
+        }
+    }
+
+    /// In descending order, makes the span of a freed range of more than one page
+    /// reusable (merged with adjacent freed spans).
+    fn release_addresses(&mut self, base: DevicePtr, size: u64) {
+        if self.order != AddressOrder::Descending || size <= SIM_GRANULARITY {
+            return;
+        }
+        let mut span = (size.div_ceil(SIM_GRANULARITY) + 1) * SIM_GRANULARITY;
+        let mut start = base;
+        if let Some((b, l)) = self.holes.range(..base).next_back().map(|(b, l)| (*b, *l)) {
+            if b + l == start {
+                self.holes.remove(&b);
+                start = b;
+                span += l;
+            }
+        }
+        if let Some(l) = self.holes.remove(&(start + span)) {
+            span += l;
+        }
+        self.holes.insert(start, span);
     }
 
     fn event(&mut self, kind: CallKind, event: EventId) -> BackendResult<&mut Event> {
@@ -334,6 +405,7 @@ impl Backend for SimBackend {
         match st.segments.remove(&ptr) {
             Some(size) => {
                 st.counters.used -= size;
+                st.release_addresses(ptr, size);
                 Ok(())
             }
             None => Err(st.misuse(BackendError::InvalidAddress {
@@ -389,6 +461,7 @@ impl Backend for SimBackend {
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         }
         st.ranges.remove(&base);
+        st.release_addresses(base, size);
         Ok(())
     }
 
@@ -668,5 +741,24 @@ mod tests {
         assert!(sim.query_event(e).unwrap());
         sim.destroy_event(e).unwrap();
         assert!(sim.query_event(e).is_err());
+    }
+
+    #[test]
+    fn descending_order_reuses_large_freed_spans() {
+        let sim = SimBackend::new(1 << 30).with_address_order(AddressOrder::Descending);
+        let a = sim.allocate_segment(20 << 20).unwrap();
+        let b = sim.allocate_segment(20 << 20).unwrap();
+        let small = sim.allocate_segment(2 << 20).unwrap();
+        assert!(b < a && small < b, "each new range below the previous");
+        sim.free_segment(a).unwrap();
+        sim.free_segment(small).unwrap();
+        assert_eq!(
+            sim.allocate_segment(10 << 20).unwrap() + (12 << 20),
+            a + (22 << 20)
+        );
+        assert!(
+            sim.allocate_segment(2 << 20).unwrap() < small,
+            "single pages never reuse"
+        );
     }
 }

@@ -88,7 +88,9 @@ use std::time::Instant;
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{Error, FreeError, InvariantViolation, OomReport, Result, MAX_REQUEST};
+use crate::error::{
+    Error, FreeError, InvariantViolation, OomBreakdown, OomReport, Result, MAX_REQUEST,
+};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::{MemoryStats, Stat, StatArray};
@@ -216,6 +218,7 @@ impl CachalotAllocator {
             allowed: self.pages.limit(),
             stream: entry.stream,
             config: self.config.source.clone(),
+            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
         }))
     }
 }

@@ -48,9 +48,6 @@ pub(crate) struct Block {
     pub(crate) gc_base: i64,
     /// The owning segment.
     pub(crate) segment: SegmentId,
-    /// The owning segment's registration number (the tie-breaker among cached
-    /// blocks of equal size: earlier segments first).
-    pub(crate) registration: u64,
     /// Whether the owning segment is expandable.
     pub(crate) expandable: bool,
 }
@@ -85,8 +82,6 @@ pub(crate) struct Segment {
     pub(crate) small: bool,
     /// The block at `base`.
     pub(crate) head: BlockId,
-    /// Order in which segments were obtained.
-    pub(crate) registration: u64,
     /// Page bookkeeping, for expandable segments.
     pub(crate) expandable: Option<ExpandableSegment>,
 }

@@ -30,24 +30,17 @@ impl State {
             Ok(addr) => addr,
             Err(e) => return out_of_memory_is_none(e),
         };
-        let registration = self.register();
         let segment = self.segments.insert(Segment {
             base: addr,
             size: req.alloc_size,
             stream: req.stream,
             small: req.small,
             head: placeholder(),
-            registration,
             expandable: None,
         });
-        let id = self.blocks.insert(new_block(
-            req,
-            addr,
-            req.alloc_size,
-            segment,
-            registration,
-            false,
-        ));
+        let id = self
+            .blocks
+            .insert(new_block(req, addr, req.alloc_size, segment, false));
         self.segments[segment].head = id;
         self.ledger
             .segment_alloc(addr, req.alloc_size, req.small, req.stream);
@@ -105,17 +98,15 @@ impl State {
             self.backend.release_range(base, size)?;
             return Ok(None);
         }
-        let registration = self.register();
         let segment = self.segments.insert(Segment {
             base,
             size,
             stream: req.stream,
             small: req.small,
             head: placeholder(),
-            registration,
             expandable: Some(es),
         });
-        let mut b = new_block(req, base, size, segment, registration, true);
+        let mut b = new_block(req, base, size, segment, true);
         b.mapped = false;
         let id = self.blocks.insert(b);
         self.segments[segment].head = id;
@@ -153,7 +144,14 @@ impl State {
         let Some(es) = seg.expandable.as_mut() else {
             return Ok(false);
         };
-        let Some((off, mapped)) = es.map(self.backend.as_ref(), base, b.addr - base, len)? else {
+        let Some((off, mapped)) = es.map(
+            self.backend.as_ref(),
+            base,
+            b.addr - base,
+            len,
+            &mut self.orphan_pages,
+        )?
+        else {
             return Ok(false);
         };
         let pool = if b.small {
@@ -200,7 +198,6 @@ fn new_block(
     addr: u64,
     size: u64,
     segment: super::block::SegmentId,
-    registration: u64,
     expandable: bool,
 ) -> Block {
     Block {
@@ -217,7 +214,6 @@ fn new_block(
         stream_uses: Vec::new(),
         gc_base: 0,
         segment,
-        registration,
         expandable,
     }
 }

@@ -1,5 +1,5 @@
-//! Pools of cached free blocks, ordered for best fit by (stream, size, segment
-//! registration, address), and the address-ordered set of unmapped stretches.
+//! Pools of cached free blocks, ordered for best fit by (stream, size, address)
+//! as in PyTorch, and the address-ordered set of unmapped stretches.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -9,7 +9,7 @@ use crate::backend::{DevicePtr, StreamId};
 use super::block::{Block, BlockId};
 
 /// The best-fit ordering of a cached block.
-pub(crate) type FitKey = (StreamId, u64, u64, DevicePtr);
+pub(crate) type FitKey = (StreamId, u64, DevicePtr);
 
 /// The small or the large pool.
 #[derive(Debug, Default)]
@@ -35,7 +35,7 @@ impl BlockPool {
 
     /// The fit key of `b`.
     pub(crate) fn key(b: &Block) -> FitKey {
-        (b.stream, b.size, b.registration, b.addr)
+        (b.stream, b.size, b.addr)
     }
 
     /// Caches a free block (stamping its GC age).
@@ -65,7 +65,7 @@ impl BlockPool {
         stream: StreamId,
         size: u64,
     ) -> impl Iterator<Item = (&FitKey, &BlockId)> {
-        let from = (stream, size, 0, 0);
+        let from = (stream, size, 0);
         self.blocks
             .range((Bound::Included(from), Bound::Unbounded))
             .take_while(move |(k, _)| k.0 == stream)
@@ -77,7 +77,7 @@ impl BlockPool {
         stream: StreamId,
         size: u64,
     ) -> impl Iterator<Item = (&FitKey, &BlockId)> {
-        let to = (stream, size, 0, 0);
+        let to = (stream, size, 0);
         self.blocks
             .range(..to)
             .rev()

@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::backend::{Backend, DevicePtr, EventId, PageHandle, StreamId};
+use crate::backend::{Backend, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 
 use super::block::{Block, BlockId, Blocks, PendingEvent, SegmentId, Segments};
+use super::expandable::Orphan;
 use super::ledger::Ledger;
 use super::placement::Placement;
 use super::pool::BlockPool;
@@ -59,10 +60,8 @@ pub(crate) struct State {
     pub(crate) spare_events: Vec<EventId>,
     /// Statistics and the observer.
     pub(crate) ledger: Ledger,
-    /// Segments obtained so far (the registration counter).
-    pub(crate) registrations: u64,
-    /// Pages unmapped but not yet released (a release failed).
-    pub(crate) orphan_pages: Vec<PageHandle>,
+    /// Pages whose unmap or release failed, retried at `empty_cache`.
+    pub(crate) orphan_pages: Vec<Orphan>,
     /// Ranges emptied but not yet released (a release failed).
     pub(crate) orphan_ranges: Vec<(DevicePtr, u64)>,
 }
@@ -98,7 +97,6 @@ impl State {
             allocated: HashMap::new(),
             pending: BTreeMap::new(),
             spare_events: Vec::new(),
-            registrations: 0,
             orphan_pages: Vec::new(),
             orphan_ranges: Vec::new(),
         };
@@ -120,12 +118,6 @@ impl State {
     /// Whether garbage collection of cached blocks is on.
     pub(crate) fn gc_enabled(&self) -> bool {
         self.allowed.is_some() && self.gc_threshold > 0.0
-    }
-
-    /// The next segment registration number.
-    pub(crate) fn register(&mut self) -> u64 {
-        self.registrations += 1;
-        self.registrations
     }
 
     /// Puts a free mapped block into its pool.

@@ -50,9 +50,7 @@ impl State {
                 b.addr
             );
             ensure_invariant!(
-                b.stream == seg.stream
-                    && b.small == seg.small
-                    && b.registration == seg.registration,
+                b.stream == seg.stream && b.small == seg.small,
                 "block {id:?} disagrees with its segment"
             );
             ensure_invariant!(

@@ -1,0 +1,182 @@
+//! `cachalot compare TRACE...`: each recording replayed under PyTorch's native
+//! allocator, PyTorch with expandable segments, and the cachalot policy, side by
+//! side.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cachalot::error::format_size;
+use cachalot::replay::ReplayReport;
+use cachalot::AllocatorConfig;
+use serde::Serialize;
+
+use crate::replay::{load, replay_one};
+
+/// The configurations compared: a label and a configuration string.
+const CONFIGS: [(&str, &str); 3] = [
+    ("pytorch native", ""),
+    ("pytorch expandable_segments", "expandable_segments:True"),
+    ("cachalot", "policy:cachalot"),
+];
+
+/// Arguments of `cachalot compare`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Trace CSVs or snapshot pickles, plain or gzip.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// Simulated device size in bytes; default: each recording's device.
+    #[arg(long)]
+    capacity: Option<u64>,
+    /// Print a JSON array of rows instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One row: a recording under one configuration.
+#[derive(Debug, Serialize)]
+struct Row {
+    trace: String,
+    config: String,
+    #[serde(flatten)]
+    result: Outcome,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Outcome {
+    Replayed(Box<ReplayReport>),
+    Failed { error: String },
+}
+
+/// Runs the subcommand.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for path in &args.traces {
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let loaded = match load(path) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                ok = false;
+                continue;
+            }
+        };
+        let capacity = args
+            .capacity
+            .unwrap_or_else(|| loaded.workload.recorded_capacity());
+        for (label, conf) in CONFIGS {
+            let result = AllocatorConfig::parse(conf)
+                .map_err(|e| e.to_string())
+                .and_then(|config| replay_one(&loaded, config, capacity, label));
+            let result = match result {
+                Ok(r) => Outcome::Replayed(Box::new(r)),
+                Err(error) => Outcome::Failed { error },
+            };
+            rows.push(Row {
+                trace: name.clone(),
+                config: label.to_string(),
+                result,
+            });
+        }
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print_table(&rows);
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    let header = [
+        "trace",
+        "config",
+        "peak requested",
+        "peak reserved",
+        "ratio",
+        "segment allocs",
+        "driver calls",
+        "ooms",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    let mut errors = Vec::new();
+    for row in rows {
+        let mut line = vec![row.trace.clone(), row.config.clone()];
+        match &row.result {
+            Outcome::Replayed(r) => line.extend([
+                format_size(r.peak_requested_bytes),
+                format_size(r.peak_reserved_bytes),
+                format!("{:.3}", r.fragmentation()),
+                r.segment_allocs.to_string(),
+                r.driver_calls.to_string(),
+                r.ooms.to_string(),
+            ]),
+            Outcome::Failed { error } => errors.push((cells.len(), format!("n/a: {error}"))),
+        }
+        cells.push(line);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            cells
+                .iter()
+                .filter_map(|l| l.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for (i, line) in cells.iter().enumerate() {
+        let mut text: Vec<String> = line
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| {
+                if c < 2 {
+                    format!("{cell:<w$}", w = widths[c])
+                } else {
+                    format!("{cell:>w$}", w = widths[c])
+                }
+            })
+            .collect();
+        if let Some((_, error)) = errors.iter().find(|(at, _)| *at == i) {
+            text.push(error.clone());
+        }
+        println!("{}", text.join("  ").trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachalot::PolicyKind;
+
+    #[test]
+    fn the_compared_configurations_parse() {
+        let policies: Vec<_> = CONFIGS
+            .iter()
+            .map(|(_, c)| AllocatorConfig::parse(c).ok().map(|c| c.policy))
+            .collect();
+        assert_eq!(
+            policies,
+            [
+                Some(PolicyKind::Pytorch),
+                Some(PolicyKind::Pytorch),
+                Some(PolicyKind::Cachalot)
+            ]
+        );
+    }
+}

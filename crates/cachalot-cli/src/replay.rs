@@ -1,0 +1,142 @@
+//! `cachalot replay TRACE [--policy P] [--conf CONF] [--capacity BYTES] [--json]`:
+//! replays a recorded trace or snapshot on a simulated device and reports peaks,
+//! device segments and driver calls (a table, or one JSON object).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use cachalot::error::format_size;
+use cachalot::replay::{self, Plan, ReplayReport, Workload};
+use cachalot::trace::ReadLimits;
+use cachalot::{AllocatorConfig, PolicyKind};
+
+use crate::progress;
+
+/// Arguments of `cachalot replay`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// A trace CSV or snapshot pickle, plain or gzip.
+    trace: PathBuf,
+    /// The policy to replay with (default: the configuration's, else `pytorch`).
+    #[arg(long)]
+    policy: Option<PolicyKind>,
+    /// The allocator configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax); default: the
+    /// recorded one.
+    #[arg(long)]
+    conf: Option<String>,
+    /// Simulated device size in bytes; default: the recorded device's (an H100 80GB
+    /// when unknown).
+    #[arg(long)]
+    capacity: Option<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A workload read and planned, ready to replay under several configurations.
+pub(crate) struct Loaded {
+    pub(crate) workload: Workload,
+    pub(crate) plan: Plan,
+}
+
+/// Reads and plans the recording at `path`.
+pub(crate) fn load(path: &Path) -> Result<Loaded, String> {
+    let workload = Workload::open(path, &ReadLimits::default()).map_err(|e| e.to_string())?;
+    let device = workload
+        .recorded_device()
+        .map_err(|e| format!("recorded configuration: {e}"))?;
+    let plan = replay::plan(&workload.recording.events, &device).map_err(|e| e.to_string())?;
+    Ok(Loaded { workload, plan })
+}
+
+/// Replays `loaded` under `config` on `capacity` bytes, with a progress bar.
+pub(crate) fn replay_one(
+    loaded: &Loaded,
+    config: AllocatorConfig,
+    capacity: u64,
+    label: &str,
+) -> Result<ReplayReport, String> {
+    let bar = progress::bar(loaded.plan.ops.len() as u64, label);
+    let report = replay::replay(&loaded.plan, config, capacity, &mut |done| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    report.map_err(|e| e.to_string())
+}
+
+/// Runs the subcommand.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    match report(args) {
+        Ok(report) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(text) => println!("{text}"),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print_table(&args.trace, &report);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.trace.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report(args: &Args) -> Result<ReplayReport, String> {
+    let loaded = load(&args.trace)?;
+    let conf = args
+        .conf
+        .clone()
+        .unwrap_or_else(|| loaded.workload.recorded_conf().to_string());
+    let mut config = AllocatorConfig::parse(&conf).map_err(|e| e.to_string())?;
+    if let Some(policy) = args.policy {
+        config.policy = policy;
+    }
+    let capacity = args
+        .capacity
+        .unwrap_or_else(|| loaded.workload.recorded_capacity());
+    replay_one(&loaded, config, capacity, "replay")
+}
+
+fn print_table(trace: &Path, r: &ReplayReport) {
+    let conf = if r.conf.is_empty() {
+        "(default)"
+    } else {
+        r.conf.as_str()
+    };
+    let bytes = |n: u64| format!("{} ({n} bytes)", format_size(n));
+    let rows: Vec<(&str, String)> = vec![
+        ("trace", trace.display().to_string()),
+        ("policy", r.policy.clone()),
+        ("conf", conf.to_string()),
+        ("capacity", bytes(r.capacity)),
+        ("events", r.events.to_string()),
+        ("allocs", r.allocs.to_string()),
+        ("frees", r.frees.to_string()),
+        ("empty_cache calls", r.empty_caches.to_string()),
+        ("peak requested", bytes(r.peak_requested_bytes)),
+        ("peak allocated", bytes(r.peak_allocated_bytes)),
+        ("peak reserved", bytes(r.peak_reserved_bytes)),
+        ("reserved / requested", format!("{:.3}", r.fragmentation())),
+        ("segment allocs", r.segment_allocs.to_string()),
+        ("driver calls", r.driver_calls.to_string()),
+        ("ooms", r.ooms.to_string()),
+        ("ns per event", format!("{:.1}", r.ns_per_event)),
+    ];
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in rows {
+        println!("{key:<width$}  {value}");
+    }
+    let calls: Vec<String> = r
+        .device_calls
+        .iter()
+        .map(|(k, n)| format!("{k}={n}"))
+        .collect();
+    println!("{:<width$}  {}", "device calls", calls.join(" "));
+}
