@@ -21,7 +21,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use cachalot::backend::cuda::CudaBackend;
-use cachalot::backend::sim::SimBackend;
+use cachalot::backend::sim::{AddressOrder, SimBackend};
 use cachalot::backend::{Backend, StreamId};
 use cachalot::{allocator, AllocatorConfig, DeviceAllocator, PolicyKind};
 use serde_json::{json, Value};
@@ -95,9 +95,10 @@ fn pass(
     Ok(start.elapsed())
 }
 
-/// What the simulator predicts: reserved bytes after one pass on a simulated H100.
+/// What the simulator predicts: reserved bytes after one pass on a simulated H100
+/// that places segments as the CUDA driver does.
 fn simulated_reserved(list: &OpList, policy: PolicyKind) -> BoxResult<u64> {
-    let sim = Arc::new(SimBackend::h100());
+    let sim = Arc::new(SimBackend::h100().with_address_order(AddressOrder::Descending));
     let alloc = allocator::create(sim, config(policy))?;
     let streams: Vec<StreamId> = (0..list.streams as u64)
         .map(|s| StreamId(s * 0x100))
@@ -129,8 +130,8 @@ fn replay(
     list: &OpList,
     policy: PolicyKind,
     passes: usize,
+    sim_reserved: u64,
 ) -> BoxResult<Value> {
-    let sim_reserved = simulated_reserved(list, policy)?;
     let mut streams = vec![StreamId::DEFAULT];
     for _ in 1..list.streams {
         streams.push(gpu.create_stream()?);
@@ -251,13 +252,6 @@ fn scaling(
 
 fn main() -> BoxResult<()> {
     let args = parse_args()?;
-    let gpu = match CudaBackend::new(0) {
-        Ok(gpu) => Arc::new(gpu),
-        Err(e) => {
-            println!("skipped: no GPU ({e})");
-            return Ok(());
-        }
-    };
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&args.ops)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "ops"))
@@ -267,12 +261,33 @@ fn main() -> BoxResult<()> {
         ("cachalot:pytorch", PolicyKind::Pytorch),
         ("cachalot:cachalot", PolicyKind::Cachalot),
     ];
-    let mut replays = BTreeMap::new();
+    // The simulator's predictions first: they need no GPU.
+    let mut lists = Vec::new();
     for path in &paths {
         let list = OpList::read(path)?;
-        let mut by = BTreeMap::new();
+        let mut predicted = Vec::new();
         for (key, policy) in policies {
-            let r = replay(&gpu, &list, policy, args.passes)?;
+            let reserved = simulated_reserved(&list, policy)?;
+            println!(
+                "{:16} {key:18} simulator predicts {reserved} bytes reserved",
+                list.name
+            );
+            predicted.push(reserved);
+        }
+        lists.push((list, predicted));
+    }
+    let gpu = match CudaBackend::new(0) {
+        Ok(gpu) => Arc::new(gpu),
+        Err(e) => {
+            println!("skipped: no GPU ({e})");
+            return Ok(());
+        }
+    };
+    let mut replays = BTreeMap::new();
+    for (list, predicted) in &lists {
+        let mut by = BTreeMap::new();
+        for ((key, policy), sim_reserved) in policies.into_iter().zip(predicted) {
+            let r = replay(&gpu, list, policy, args.passes, *sim_reserved)?;
             println!(
                 "{:16} {key:18} first {:8.0} ns/op  steady {:8.0} ns/op  reserved {}  device used {}  simulated {}",
                 list.name, r["ns_first"].as_f64().unwrap_or(0.0), r["ns_steady"].as_f64().unwrap_or(0.0),
