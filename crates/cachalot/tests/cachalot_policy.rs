@@ -415,3 +415,23 @@ fn the_release_threshold_bounds_cached_pages() {
     alloc.empty_cache().unwrap();
     assert_eq!(sim.live_objects(), 0);
 }
+
+#[test]
+fn a_failed_allocation_leaves_no_partial_mapping() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, "");
+    sim.fail_nth(CallKind::Map, 4, Fault::DeviceError);
+    assert!(matches!(
+        alloc.malloc(20 * MIB, StreamId(0)),
+        Err(Error::Backend(_))
+    ));
+    alloc.validate().unwrap();
+    assert_eq!(
+        alloc.memory_reserved(),
+        0,
+        "the three pages mapped before the failure went back"
+    );
+    assert_eq!(sim.counters().used, 0);
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}

@@ -23,13 +23,16 @@
 //!   only when no mapping of it is left; a range may be released only when nothing
 //!   is mapped in it.
 //! * **Streams and events.** Stream ids are opaque: 0 is the device's default stream,
-//!   and a backend accepts any stream id the caller hands it (on CUDA it is the raw
-//!   `CUstream`). An event recorded on a stream completes once the work queued on the
+//!   and the simulated backend accepts any stream id the caller hands it. On CUDA a
+//!   stream id is the raw `CUstream`, so the cuda backend accepts only the default
+//!   stream, streams it created and streams registered with it (an unknown id is an
+//!   error, never a handle passed to the driver). An event recorded on a stream completes once the work queued on the
 //!   stream before it has finished. `query_event` never blocks; `synchronize_*` blocks.
 //! * **Memory info** reports the device's free and total bytes as the driver sees them.
 //! * Every method is callable from any thread (`Send + Sync`).
 //! * No method panics on bad input: misuse is an error value.
 
+pub mod cuda;
 pub mod sim;
 
 use std::fmt;

@@ -1,5 +1,6 @@
 //! The conformance checks, each a function of a fresh allocator.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -9,6 +10,17 @@ use cachalot::{DeviceAllocator, Error, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
+
+thread_local! {
+    /// The side stream of the cross-stream checks. Any id suits the simulated
+    /// backend; a real GPU's suite sets one of its own streams before each check.
+    static SIDE_STREAM: Cell<StreamId> = const { Cell::new(StreamId(7)) };
+}
+
+/// Sets the side stream the checks on this thread use.
+pub fn set_side_stream(stream: StreamId) {
+    SIDE_STREAM.set(stream);
+}
 
 fn valid(a: &dyn DeviceAllocator) {
     if let Err(e) = a.validate() {
@@ -139,7 +151,7 @@ pub fn freed_memory_is_reused(a: &dyn DeviceAllocator) {
 /// work completes, and is reclaimed by the next allocation or `empty_cache`.
 pub fn cross_stream_free_waits(a: &dyn DeviceAllocator) {
     let p = a.malloc(5 * MIB, S0).unwrap();
-    a.record_stream(p, StreamId(7)).unwrap();
+    a.record_stream(p, SIDE_STREAM.get()).unwrap();
     a.record_stream(p, S0).unwrap();
     a.free(p).unwrap();
     valid(a);

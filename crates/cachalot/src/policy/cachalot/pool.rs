@@ -192,6 +192,29 @@ impl Pool {
         Ok(page)
     }
 
+    /// Unmaps and releases the unused mapped pages of `span` (after a failed
+    /// allocation, so it leaves no partial mapping behind).
+    pub(crate) fn release_idle_in(
+        &mut self,
+        pages: &Pages,
+        ledger: &mut Ledger,
+        span: std::ops::Range<u32>,
+    ) -> BackendResult<()> {
+        let Some(slots) = &self.slots else {
+            return Ok(());
+        };
+        let idle: Vec<u32> = slots
+            .cached_slots()
+            .into_iter()
+            .filter(|s| span.contains(s))
+            .collect();
+        for slot in idle {
+            let page = self.unmap_slot(pages, ledger, slot)?;
+            pages.release_page(page)?;
+        }
+        Ok(())
+    }
+
     /// Bytes mapped but unused (virtual memory) or in idle segments.
     pub(crate) fn cached_bytes(&self) -> u64 {
         match &self.slots {

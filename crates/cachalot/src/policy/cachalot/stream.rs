@@ -139,7 +139,9 @@ impl StreamState {
                     .slots
                     .as_mut()
                     .expect("checked above")
-                    .release(span);
+                    .release(span.clone());
+                // Give back what this attempt mapped; the map's error is the news.
+                let _ = self.pools[p].release_idle_in(pages, &mut self.ledger, span);
                 return Err(e);
             }
         }
