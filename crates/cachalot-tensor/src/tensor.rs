@@ -1,0 +1,410 @@
+//! [`Tensor`]: a shape, a dtype and a device over reference-counted storage.
+//!
+//! Cloning a tensor shares its storage (like a second Python reference);
+//! the memory returns to the device's cache when the last tensor using it drops.
+//! Device work goes to the current stream of the tensor's device; allocations
+//! are made for that stream.
+
+use std::fmt;
+use std::panic::Location;
+use std::sync::Arc;
+
+use crate::context::DeviceContext;
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::engine::{Engine, RawStream};
+use crate::error::{Result, TensorError};
+use crate::host_ops;
+use crate::layout::Layout;
+use crate::registry;
+use crate::storage::{HostMem, Storage};
+use crate::stream::{current_raw, Stream};
+
+/// An n-dimensional array on the host or a device.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+}
+
+/// What an allocation holds, for leak reports: `float32[64, 256]`.
+pub(crate) fn describe(dtype: DType, sizes: &[usize]) -> String {
+    format!("{}{:?}", dtype.name(), sizes)
+}
+
+impl Tensor {
+    /// A tensor over `storage` with a contiguous layout.
+    pub(crate) fn wrap(storage: Arc<Storage>, sizes: &[usize], dtype: DType, device: Device) -> Tensor {
+        Tensor { storage, layout: Layout::contiguous(sizes), dtype, device }
+    }
+
+    /// Allocates a contiguous tensor; its bytes are unspecified (zeros on the host).
+    pub(crate) fn alloc(sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<(Tensor, Option<RawStream>)> {
+        let nbytes = sizes.iter().product::<usize>() * dtype.size();
+        match device {
+            Device::Cpu => Ok((Tensor::wrap(Storage::host(HostMem::Zeros(nbytes), nbytes), sizes, dtype, device), None)),
+            Device::Cuda(i) => {
+                let ctx = registry::device(i)?;
+                let stream = current_raw(&ctx);
+                let ptr = ctx.allocate(nbytes as u64, &stream, describe(dtype, sizes), at)?;
+                let storage = Storage::device(ctx, ptr, nbytes);
+                Ok((Tensor::wrap(storage, sizes, dtype, device), Some(stream)))
+            }
+        }
+    }
+
+    /// A tensor of zeros (`torch.zeros`).
+    ///
+    /// # Errors
+    /// [`TensorError::OutOfMemory`]; [`TensorError::InvalidDevice`].
+    #[track_caller]
+    pub fn zeros(sizes: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full_at(sizes, 0.0, dtype, device, Location::caller())
+    }
+
+    /// A tensor of ones (`torch.ones`).
+    ///
+    /// # Errors
+    /// As [`Tensor::zeros`].
+    #[track_caller]
+    pub fn ones(sizes: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full_at(sizes, 1.0, dtype, device, Location::caller())
+    }
+
+    /// A tensor with every element `value` (`torch.full`).
+    ///
+    /// # Errors
+    /// As [`Tensor::zeros`].
+    #[track_caller]
+    pub fn full(sizes: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full_at(sizes, value, dtype, device, Location::caller())
+    }
+
+    fn full_at(sizes: &[usize], value: f64, dtype: DType, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
+        let (t, stream) = Tensor::alloc(sizes, dtype, device, at)?;
+        match (&t.storage.device_ptr(), stream) {
+            (Some((ctx, ptr)), Some(s)) => ctx.engine.fill(dtype, *ptr, t.numel(), value, &s)?,
+            _ => {
+                if value != 0.0 {
+                    if let Some(mut mem) = t.storage.host_mem() {
+                        host_ops::fill(dtype, mem.bytes_mut(), value);
+                    }
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// Standard normal numbers (`torch.randn`): cuRAND on a GPU, a seeded host
+    /// generator on the host and the simulated device.
+    ///
+    /// # Errors
+    /// As [`Tensor::zeros`]; [`TensorError::Unsupported`] for a non-float dtype.
+    #[track_caller]
+    pub fn randn(sizes: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        if !dtype.is_float() {
+            return Err(TensorError::Unsupported(format!("\"normal_kernel\" not implemented for '{}'", dtype.name())));
+        }
+        let (t, stream) = Tensor::alloc(sizes, dtype, device, Location::caller())?;
+        match (&t.storage.device_ptr(), stream) {
+            (Some((ctx, ptr)), Some(s)) => ctx.engine.randn(dtype, *ptr, t.numel(), &s)?,
+            _ => {
+                if let Some(mut mem) = t.storage.host_mem() {
+                    host_ops::HostRng::new(0x5eed).fill_normal(dtype, mem.bytes_mut());
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// `0, 1, ..., end - 1` (`torch.arange(end)`).
+    ///
+    /// # Errors
+    /// As [`Tensor::zeros`].
+    #[track_caller]
+    pub fn arange(end: usize, dtype: DType, device: Device) -> Result<Tensor> {
+        let mut bytes = vec![0u8; end * dtype.size()];
+        for (i, chunk) in bytes.chunks_exact_mut(dtype.size()).enumerate() {
+            dtype.encode(i as f64, chunk);
+        }
+        Tensor::from_bytes(bytes, &[end], dtype, device, Location::caller())
+    }
+
+    /// A tensor holding `data` in row-major order with the given sizes
+    /// (`torch.tensor(data).reshape(sizes)`).
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidShape`] when the sizes do not hold `data.len()` elements;
+    /// as [`Tensor::zeros`].
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, sizes: &[usize], device: Device) -> Result<Tensor> {
+        let n: usize = sizes.iter().product();
+        if n != data.len() {
+            return Err(TensorError::InvalidShape(format!("shape '{sizes:?}' is invalid for input of size {}", data.len())));
+        }
+        let mut bytes = Vec::with_capacity(n * T::DTYPE.size());
+        for x in data {
+            x.put(&mut bytes);
+        }
+        Tensor::from_bytes(bytes, sizes, T::DTYPE, device, Location::caller())
+    }
+
+    fn from_bytes(bytes: Vec<u8>, sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
+        let nbytes = bytes.len();
+        let host = Tensor::wrap(Storage::host(HostMem::Bytes(bytes), nbytes), sizes, dtype, Device::Cpu);
+        match device {
+            Device::Cpu => Ok(host),
+            Device::Cuda(_) => host.to_at(device, false, at),
+        }
+    }
+
+    /// The elements in row-major order, copied to the host.
+    ///
+    /// # Errors
+    /// [`TensorError::DTypeMismatch`] when `T` is not the tensor's dtype; driver failures.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(TensorError::DTypeMismatch(self.dtype, T::DTYPE));
+        }
+        let bytes = self.host_bytes()?;
+        Ok(bytes.chunks_exact(self.dtype.size()).map(T::take).collect())
+    }
+
+    /// The elements' bytes in row-major order.
+    pub(crate) fn host_bytes(&self) -> Result<Vec<u8>> {
+        let host = self.to(Device::Cpu)?;
+        let mem = host.storage.host_mem().ok_or(TensorError::Unsupported("host copy without host memory".into()))?;
+        let raw = mem.bytes();
+        if host.layout.is_contiguous() {
+            let start = host.layout.offset() * self.dtype.size();
+            Ok(raw[start..start + self.nbytes()].to_vec())
+        } else {
+            Ok(host_ops::gather(self.dtype, &raw, &host.layout))
+        }
+    }
+
+    /// The sizes (`tensor.shape`).
+    pub fn sizes(&self) -> &[usize] {
+        self.layout.sizes()
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        self.layout.strides()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Bytes of the elements (`numel * element size`).
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// Whether the elements are row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// Whether two tensors share storage (one is a view of the other, or a clone).
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// The device address of the first element (0 on the host).
+    pub fn data_ptr(&self) -> u64 {
+        self.storage.device_ptr().map_or(0, |(_, p)| p + (self.layout.offset() * self.dtype.size()) as u64)
+    }
+
+    /// Whether the tensor is in pinned host memory.
+    pub fn is_pinned(&self) -> bool {
+        self.storage.host_mem().is_some_and(|m| m.is_pinned())
+    }
+
+    /// Names the tensor's storage in leak reports.
+    pub fn set_name(&self, name: &str) {
+        if let Some((ctx, ptr)) = self.storage.device_ptr() {
+            ctx.set_name(ptr, name);
+        }
+    }
+
+    /// Marks the storage as used by `stream`, so freeing it waits for the work queued
+    /// there (`tensor.record_stream(s)`). No-op on the host.
+    ///
+    /// # Errors
+    /// [`TensorError::DeviceMismatch`] for a stream of another device.
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        let Some((ctx, ptr)) = self.storage.device_ptr() else { return Ok(()) };
+        if !Arc::ptr_eq(ctx, &stream.ctx) {
+            return Err(TensorError::DeviceMismatch(self.device, stream.device()));
+        }
+        ctx.allocator.record_stream(ptr, stream.id())?;
+        Ok(())
+    }
+
+    /// Dimensions `a` and `b` swapped, sharing storage (`tensor.transpose(a, b)`).
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`].
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
+        let rank = self.sizes().len();
+        let layout = self.layout.transpose(a, b).ok_or(TensorError::DimOutOfRange { dim: a.max(b), rank })?;
+        Ok(Tensor { layout, ..self.clone() })
+    }
+
+    /// The transpose of a matrix (`tensor.T` for 2-D).
+    ///
+    /// # Errors
+    /// [`TensorError::InvalidShape`] unless the tensor is 2-D.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.sizes().len() != 2 {
+            return Err(TensorError::InvalidShape(format!("t() expects a tensor with <= 2 dimensions, but self is {}D", self.sizes().len())));
+        }
+        self.transpose(0, 1)
+    }
+
+    /// A contiguous tensor with the same elements: `self` when already contiguous.
+    ///
+    /// # Errors
+    /// [`TensorError::OutOfMemory`]; driver failures.
+    #[track_caller]
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.layout.is_contiguous() && self.layout.offset() == 0 {
+            return Ok(self.clone());
+        }
+        let at = Location::caller();
+        match self.storage.device_ptr() {
+            None => {
+                let bytes = self.host_bytes()?;
+                let n = bytes.len();
+                Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes), n), self.sizes(), self.dtype, Device::Cpu))
+            }
+            Some((ctx, src)) => {
+                let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, self.device, at)?;
+                let stream = stream.unwrap_or_else(|| ctx.engine.default_stream());
+                ctx.engine.gather(self.dtype, out.data_ptr(), src, &self.layout, &stream)?;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Pinned host memory holding the same elements (`tensor.pin_memory()`).
+    ///
+    /// # Errors
+    /// Only for device tensors: [`TensorError::Unsupported`]; driver failures.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        if self.device != Device::Cpu {
+            return Err(TensorError::Unsupported(format!("cannot pin '{}' memory: only dense CPU tensors can be pinned", self.device)));
+        }
+        let bytes = self.host_bytes()?;
+        let reg = registry::active();
+        let ctx = if reg.is_simulated() { None } else { Some(reg.device(0)?) };
+        let mut block = reg.pinned.allocate(bytes.len(), ctx.as_ref())?;
+        block.as_mut_slice().copy_from_slice(&bytes);
+        Ok(Tensor::wrap(Storage::host(HostMem::Pinned(block), bytes.len()), self.sizes(), self.dtype, Device::Cpu))
+    }
+
+    /// The tensor on `device`: `self` when it is already there (`tensor.to(device)`).
+    /// Host to device, device to host and device to device (peer access where the
+    /// GPUs allow it). Complete on return, except that the device side is queued on
+    /// the current stream.
+    ///
+    /// # Errors
+    /// [`TensorError::OutOfMemory`]; [`TensorError::InvalidDevice`]; driver failures.
+    #[track_caller]
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        self.to_at(device, false, Location::caller())
+    }
+
+    /// As [`Tensor::to`], but a copy from pinned host memory is only queued on the
+    /// current stream (`tensor.to(device, non_blocking=True)`); the pinned block is not
+    /// reused until the copy has finished.
+    ///
+    /// # Errors
+    /// As [`Tensor::to`].
+    #[track_caller]
+    pub fn to_non_blocking(&self, device: Device) -> Result<Tensor> {
+        self.to_at(device, true, Location::caller())
+    }
+
+    pub(crate) fn to_at(&self, device: Device, non_blocking: bool, at: &'static Location<'static>) -> Result<Tensor> {
+        if device == self.device {
+            return Ok(self.clone());
+        }
+        if let Device::Cuda(i) = device {
+            crate::device::check_ordinal(i)?;
+        }
+        let src = self.contiguous()?;
+        match (src.storage.device_ptr(), device) {
+            (None, _) => src.host_to_device(device, non_blocking, at),
+            (Some((ctx, ptr)), Device::Cpu) => src.device_to_host(ctx, ptr),
+            (Some((ctx, ptr)), Device::Cuda(_)) => src.device_to_device(ctx, ptr, device, at),
+        }
+    }
+
+    fn host_to_device(&self, device: Device, non_blocking: bool, at: &'static Location<'static>) -> Result<Tensor> {
+        let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, device, at)?;
+        let (Some((ctx, dst)), Some(stream)) = (out.storage.device_ptr(), stream) else {
+            return Err(TensorError::Unsupported("a device copy into host memory".into()));
+        };
+        let mut mem = self.storage.host_mem().ok_or(TensorError::Unsupported("a host copy from device memory".into()))?;
+        match &mut *mem {
+            HostMem::Zeros(_) => ctx.engine.fill(self.dtype, dst, self.numel(), 0.0, &stream)?,
+            HostMem::Bytes(b) => ctx.engine.write(dst, b, &stream, false)?,
+            HostMem::Pinned(block) => {
+                ctx.engine.write(dst, block.as_slice(), &stream, non_blocking)?;
+                let ev = ctx.engine.new_event()?;
+                let mut ev = ev;
+                ev.record(&stream)?;
+                block.add_pending(Box::new(move || ev.query()));
+            }
+        }
+        Ok(out)
+    }
+
+    fn device_to_host(&self, ctx: &Arc<DeviceContext>, ptr: u64) -> Result<Tensor> {
+        let n = self.nbytes();
+        let stream = current_raw(ctx);
+        let mem = match &ctx.engine {
+            Engine::Sim(e) if e.is_unwritten(ptr, n) => HostMem::Zeros(n),
+            engine => {
+                let mut buf = vec![0u8; n];
+                engine.read(ptr, &mut buf, &stream)?;
+                HostMem::Bytes(buf)
+            }
+        };
+        Ok(Tensor::wrap(Storage::host(mem, n), self.sizes(), self.dtype, Device::Cpu))
+    }
+
+    fn device_to_device(&self, src_ctx: &Arc<DeviceContext>, src: u64, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
+        // The copy runs on the destination's stream: first let the source's work finish.
+        Stream { ctx: src_ctx.clone(), raw: current_raw(src_ctx) }.synchronize()?;
+        let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, device, at)?;
+        let (Some((dst_ctx, dst)), Some(stream)) = (out.storage.device_ptr(), stream) else {
+            return Err(TensorError::Unsupported("a device copy into host memory".into()));
+        };
+        dst_ctx.engine.copy_from_peer(dst, &src_ctx.engine, src, self.nbytes(), &stream)?;
+        dst_ctx.after_foreign_binding();
+        Ok(out)
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {:?}, {})", self.dtype.name(), self.layout, self.device)
+    }
+}
