@@ -50,6 +50,8 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod golden;
+pub mod policy;
 pub mod snapshot;
 pub mod stats;
 
@@ -57,4 +59,5 @@ pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};
 pub use config::{AllocatorConfig, PolicyKind};
 pub use error::{Error, OomReport, Result};
+pub use policy::PytorchAllocator;
 pub use stats::MemoryStats;
