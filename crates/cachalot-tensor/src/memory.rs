@@ -96,6 +96,15 @@ pub fn pinned_memory_stats() -> PinnedStats {
     registry::active().pinned.stats()
 }
 
+/// Bytes of host memory a simulated device holds for written allocations (its
+/// unwritten allocations take none); 0 for a real or unused device.
+pub fn simulated_host_bytes(ordinal: usize) -> usize {
+    match registry::active().initialized(ordinal).as_deref().map(|c| &c.engine) {
+        Some(crate::engine::Engine::Sim(e)) => e.host_bytes(),
+        _ => 0,
+    }
+}
+
 /// Whether device `ordinal` is simulated (host memory standing in for a GPU).
 ///
 /// # Errors

@@ -63,17 +63,16 @@ pub(crate) enum Place {
 /// A tensor's storage.
 #[derive(Debug)]
 pub(crate) struct Storage {
-    pub(crate) nbytes: usize,
     pub(crate) place: Place,
 }
 
 impl Storage {
-    pub(crate) fn host(mem: HostMem, nbytes: usize) -> Arc<Storage> {
-        Arc::new(Storage { nbytes, place: Place::Host(Mutex::new(mem)) })
+    pub(crate) fn host(mem: HostMem) -> Arc<Storage> {
+        Arc::new(Storage { place: Place::Host(Mutex::new(mem)) })
     }
 
-    pub(crate) fn device(ctx: Arc<DeviceContext>, ptr: DevicePtr, nbytes: usize) -> Arc<Storage> {
-        Arc::new(Storage { nbytes, place: Place::Device { ctx, ptr } })
+    pub(crate) fn device(ctx: Arc<DeviceContext>, ptr: DevicePtr) -> Arc<Storage> {
+        Arc::new(Storage { place: Place::Device { ctx, ptr } })
     }
 
     /// The host bytes; `None` for device storage.

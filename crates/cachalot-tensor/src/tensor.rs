@@ -44,12 +44,12 @@ impl Tensor {
     pub(crate) fn alloc(sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<(Tensor, Option<RawStream>)> {
         let nbytes = sizes.iter().product::<usize>() * dtype.size();
         match device {
-            Device::Cpu => Ok((Tensor::wrap(Storage::host(HostMem::Zeros(nbytes), nbytes), sizes, dtype, device), None)),
+            Device::Cpu => Ok((Tensor::wrap(Storage::host(HostMem::Zeros(nbytes)), sizes, dtype, device), None)),
             Device::Cuda(i) => {
                 let ctx = registry::device(i)?;
                 let stream = current_raw(&ctx);
                 let ptr = ctx.allocate(nbytes as u64, &stream, describe(dtype, sizes), at)?;
-                let storage = Storage::device(ctx, ptr, nbytes);
+                let storage = Storage::device(ctx, ptr);
                 Ok((Tensor::wrap(storage, sizes, dtype, device), Some(stream)))
             }
         }
@@ -152,8 +152,7 @@ impl Tensor {
     }
 
     fn from_bytes(bytes: Vec<u8>, sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
-        let nbytes = bytes.len();
-        let host = Tensor::wrap(Storage::host(HostMem::Bytes(bytes), nbytes), sizes, dtype, Device::Cpu);
+        let host = Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), sizes, dtype, Device::Cpu);
         match device {
             Device::Cpu => Ok(host),
             Device::Cuda(_) => host.to_at(device, false, at),
@@ -290,8 +289,7 @@ impl Tensor {
         match self.storage.device_ptr() {
             None => {
                 let bytes = self.host_bytes()?;
-                let n = bytes.len();
-                Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes), n), self.sizes(), self.dtype, Device::Cpu))
+                Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), self.sizes(), self.dtype, Device::Cpu))
             }
             Some((ctx, src)) => {
                 let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, self.device, at)?;
@@ -300,6 +298,26 @@ impl Tensor {
                 Ok(out)
             }
         }
+    }
+
+    /// A new tensor with the same elements in new storage (`tensor.clone()` in
+    /// PyTorch; Rust's `Clone` shares the storage instead).
+    ///
+    /// # Errors
+    /// [`TensorError::OutOfMemory`]; driver failures.
+    #[track_caller]
+    pub fn deep_copy(&self) -> Result<Tensor> {
+        let at = Location::caller();
+        let src = self.contiguous()?;
+        if src.storage.device_ptr().is_none() {
+            let bytes = src.host_bytes()?;
+            return Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), self.sizes(), self.dtype, Device::Cpu));
+        }
+        let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, self.device, at)?;
+        if let (Some((ctx, dst)), Some(s)) = (out.storage.device_ptr(), stream) {
+            ctx.engine.copy(dst, src.data_ptr(), self.nbytes(), &s)?;
+        }
+        Ok(out)
     }
 
     /// Pinned host memory holding the same elements (`tensor.pin_memory()`).
@@ -315,7 +333,7 @@ impl Tensor {
         let ctx = if reg.is_simulated() { None } else { Some(reg.device(0)?) };
         let mut block = reg.pinned.allocate(bytes.len(), ctx.as_ref())?;
         block.as_mut_slice().copy_from_slice(&bytes);
-        Ok(Tensor::wrap(Storage::host(HostMem::Pinned(block), bytes.len()), self.sizes(), self.dtype, Device::Cpu))
+        Ok(Tensor::wrap(Storage::host(HostMem::Pinned(block)), self.sizes(), self.dtype, Device::Cpu))
     }
 
     /// The tensor on `device`: `self` when it is already there (`tensor.to(device)`).
@@ -387,7 +405,7 @@ impl Tensor {
                 HostMem::Bytes(buf)
             }
         };
-        Ok(Tensor::wrap(Storage::host(mem, n), self.sizes(), self.dtype, Device::Cpu))
+        Ok(Tensor::wrap(Storage::host(mem), self.sizes(), self.dtype, Device::Cpu))
     }
 
     fn device_to_device(&self, src_ctx: &Arc<DeviceContext>, src: u64, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
