@@ -5,7 +5,11 @@
 use cachalot_tensor::{memory, DType, Device, Tensor};
 
 fn checkpoint(label: &str) {
-    println!("checkpoint\t{label}\t{}\t{}", memory::memory_allocated(0), memory::memory_reserved(0));
+    println!(
+        "checkpoint\t{label}\t{}\t{}",
+        memory::memory_allocated(0),
+        memory::memory_reserved(0)
+    );
 }
 
 fn main() -> Result<(), cachalot_tensor::TensorError> {
@@ -21,8 +25,14 @@ fn main() -> Result<(), cachalot_tensor::TensorError> {
 
     // Spot-check the numbers on the host: y = x + 1 and z[0][1] = row0 . row1.
     let (xv, yv, zv) = (x.to_vec::<f32>()?, y.to_vec::<f32>()?, z.to_vec::<f32>()?);
-    let dot: f64 = (0..1000).map(|k| f64::from(xv[k]) * f64::from(xv[1000 + k])).sum();
-    println!("check\ty[0]-x[0]={:.4}\tz[0,1]={:.3}\trow0.row1={dot:.3}", yv[0] - xv[0], zv[1]);
+    let dot: f64 = (0..1000)
+        .map(|k| f64::from(xv[k]) * f64::from(xv[1000 + k]))
+        .sum();
+    println!(
+        "check\ty[0]-x[0]={:.4}\tz[0,1]={:.3}\trow0.row1={dot:.3}",
+        yv[0] - xv[0],
+        zv[1]
+    );
 
     drop(x);
     checkpoint("del x");
@@ -32,7 +42,9 @@ fn main() -> Result<(), cachalot_tensor::TensorError> {
     memory::empty_cache(0)?;
     checkpoint("del y,z; empty_cache");
 
-    let host: Vec<Tensor> = (0..100).map(|_| Tensor::zeros(&[1 << 20], DType::F32, Device::Cpu)).collect::<Result<_, _>>()?;
+    let host: Vec<Tensor> = (0..100)
+        .map(|_| Tensor::zeros(&[1 << 20], DType::F32, Device::Cpu))
+        .collect::<Result<_, _>>()?;
     let on_gpu: Vec<Tensor> = host.iter().map(|t| t.to(cuda)).collect::<Result<_, _>>()?;
     checkpoint("100 x 4MiB to cuda");
     drop(on_gpu);

@@ -12,7 +12,11 @@ use cachalot_tensor::{memory, DType, Device, Tensor};
 const GIB: [usize; 3] = [256, 1024, 1024];
 
 fn checkpoint(label: &str) {
-    println!("checkpoint\t{label}\t{}\t{}", memory::memory_allocated(0), memory::memory_reserved(0));
+    println!(
+        "checkpoint\t{label}\t{}\t{}",
+        memory::memory_allocated(0),
+        memory::memory_reserved(0)
+    );
 }
 
 fn main() -> Result<(), cachalot_tensor::TensorError> {

@@ -54,10 +54,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl DeviceContext {
     /// A simulated device of `capacity` bytes.
-    pub(crate) fn sim(ordinal: usize, capacity: u64, config: AllocatorConfig) -> Result<DeviceContext> {
+    pub(crate) fn sim(
+        ordinal: usize,
+        capacity: u64,
+        config: AllocatorConfig,
+    ) -> Result<DeviceContext> {
         let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(capacity).with_device(ordinal));
         let allocator = cachalot::allocator::create(backend, config)?;
-        Ok(DeviceContext::assemble(ordinal, allocator, Engine::Sim(SimEngine::new(ordinal)), None))
+        Ok(DeviceContext::assemble(
+            ordinal,
+            allocator,
+            Engine::Sim(SimEngine::new(ordinal)),
+            None,
+        ))
     }
 
     /// A real GPU.
@@ -66,10 +75,20 @@ impl DeviceContext {
         let backend = Arc::new(CudaBackend::new(ordinal).map_err(cachalot::Error::from)?);
         let dyn_backend: Arc<dyn Backend> = backend.clone();
         let allocator = cachalot::allocator::create(dyn_backend, config)?;
-        Ok(DeviceContext::assemble(ordinal, allocator, Engine::Cuda(engine), Some(backend)))
+        Ok(DeviceContext::assemble(
+            ordinal,
+            allocator,
+            Engine::Cuda(engine),
+            Some(backend),
+        ))
     }
 
-    fn assemble(ordinal: usize, allocator: Arc<dyn DeviceAllocator>, engine: Engine, cuda_backend: Option<Arc<CudaBackend>>) -> DeviceContext {
+    fn assemble(
+        ordinal: usize,
+        allocator: Arc<dyn DeviceAllocator>,
+        engine: Engine,
+        cuda_backend: Option<Arc<CudaBackend>>,
+    ) -> DeviceContext {
         DeviceContext {
             ordinal,
             allocator,
@@ -101,7 +120,13 @@ impl DeviceContext {
     }
 
     /// Allocates `bytes` for use on `stream` and records what it is for.
-    pub(crate) fn allocate(&self, bytes: u64, stream: &RawStream, what: String, location: &'static Location<'static>) -> Result<DevicePtr> {
+    pub(crate) fn allocate(
+        &self,
+        bytes: u64,
+        stream: &RawStream,
+        what: String,
+        location: &'static Location<'static>,
+    ) -> Result<DevicePtr> {
         let ptr = self.allocator.malloc(bytes, stream.id())?;
         self.after_foreign_binding();
         if ptr == 0 {
@@ -113,7 +138,18 @@ impl DeviceContext {
             *s += 1;
             *s - 1
         };
-        lock(&self.live).insert(ptr, LiveAllocation { seq, ptr, bytes, what, name: None, location, internal: false });
+        lock(&self.live).insert(
+            ptr,
+            LiveAllocation {
+                seq,
+                ptr,
+                bytes,
+                what,
+                name: None,
+                location,
+                internal: false,
+            },
+        );
         Ok(ptr)
     }
 
@@ -139,7 +175,11 @@ impl DeviceContext {
 
     /// Live allocations created at or after `seq`, oldest first.
     pub(crate) fn live_since(&self, seq: u64) -> Vec<LiveAllocation> {
-        let mut v: Vec<LiveAllocation> = lock(&self.live).values().filter(|r| r.seq >= seq).cloned().collect();
+        let mut v: Vec<LiveAllocation> = lock(&self.live)
+            .values()
+            .filter(|r| r.seq >= seq)
+            .cloned()
+            .collect();
         v.sort_by_key(|r| r.seq);
         v
     }
@@ -152,7 +192,12 @@ impl DeviceContext {
         if let Some(&ptr) = ws.get(&stream.id()) {
             return Ok((ptr, size));
         }
-        let ptr = self.allocate(size as u64, stream, "cuBLAS workspace".into(), Location::caller())?;
+        let ptr = self.allocate(
+            size as u64,
+            stream,
+            "cuBLAS workspace".into(),
+            Location::caller(),
+        )?;
         if let Some(rec) = lock(&self.live).get_mut(&ptr) {
             rec.internal = true;
         }

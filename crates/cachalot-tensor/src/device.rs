@@ -62,6 +62,17 @@ pub fn set_device(ordinal: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether device `ordinal` can access `peer`'s memory directly
+/// (`torch.cuda.can_device_access_peer`); copies between them use peer access then,
+/// and are staged through the host otherwise.
+///
+/// # Errors
+/// [`TensorError::InvalidDevice`]; driver failures.
+pub fn can_device_access_peer(ordinal: usize, peer: usize) -> Result<bool> {
+    let (a, b) = (registry::device(ordinal)?, registry::device(peer)?);
+    Ok(ordinal != peer && a.engine.can_access_peer(&b.engine))
+}
+
 pub(crate) fn check_ordinal(ordinal: usize) -> Result<()> {
     let count = device_count();
     if ordinal >= count {

@@ -27,8 +27,16 @@ pub enum DType {
 
 impl DType {
     /// Every dtype.
-    pub const ALL: [DType; 8] =
-        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::U8, DType::Bool];
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {

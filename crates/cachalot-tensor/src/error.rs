@@ -88,7 +88,10 @@ impl TensorError {
     }
 
     pub(crate) fn driver(what: &'static str, err: impl std::fmt::Debug) -> TensorError {
-        TensorError::Driver { what, message: format!("{err:?}") }
+        TensorError::Driver {
+            what,
+            message: format!("{err:?}"),
+        }
     }
 }
 

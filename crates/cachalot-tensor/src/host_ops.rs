@@ -44,7 +44,11 @@ pub(crate) fn fill(dtype: DType, out: &mut [u8], value: f64) {
 /// `out[i] = a[i] op b[i]`.
 pub(crate) fn binary(op: BinaryOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
     let w = dtype.size();
-    for ((o, x), y) in out.chunks_exact_mut(w).zip(a.chunks_exact(w)).zip(b.chunks_exact(w)) {
+    for ((o, x), y) in out
+        .chunks_exact_mut(w)
+        .zip(a.chunks_exact(w))
+        .zip(b.chunks_exact(w))
+    {
         dtype.encode(op.apply(dtype.decode(x), dtype.decode(y)), o);
     }
 }
@@ -71,7 +75,9 @@ pub(crate) fn gather(dtype: DType, storage: &[u8], layout: &Layout) -> Vec<u8> {
 pub(crate) fn matmul(dtype: DType, a: (&[u8], &Layout), b: (&[u8], &Layout)) -> Vec<u8> {
     let decode = |(bytes, layout): (&[u8], &Layout)| -> Vec<f64> {
         let g = gather(dtype, bytes, layout);
-        g.chunks_exact(dtype.size()).map(|c| dtype.decode(c)).collect()
+        g.chunks_exact(dtype.size())
+            .map(|c| dtype.decode(c))
+            .collect()
     };
     let (m, k, n) = (a.1.sizes()[0], a.1.sizes()[1], b.1.sizes()[1]);
     let (x, y) = (decode(a), decode(b));
@@ -133,7 +139,9 @@ mod tests {
     }
 
     fn back(b: &[u8]) -> Vec<f32> {
-        b.chunks_exact(4).map(|c| DType::F32.decode(c) as f32).collect()
+        b.chunks_exact(4)
+            .map(|c| DType::F32.decode(c) as f32)
+            .collect()
     }
 
     #[test]
@@ -161,7 +169,14 @@ mod tests {
         HostRng::new(7).fill_normal(DType::F32, &mut out);
         let v = back(&out);
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / v.len() as f64;
-        assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / v.len() as f64;
+        assert!(
+            mean.abs() < 0.05 && (var - 1.0).abs() < 0.05,
+            "mean {mean} var {var}"
+        );
     }
 }

@@ -19,7 +19,11 @@ impl Layout {
             *stride = acc;
             acc *= size.max(1);
         }
-        Layout { sizes: sizes.to_vec(), strides, offset: 0 }
+        Layout {
+            sizes: sizes.to_vec(),
+            strides,
+            offset: 0,
+        }
     }
 
     /// The sizes.
@@ -45,7 +49,10 @@ impl Layout {
     /// Whether elements are stored in row-major order without gaps.
     pub fn is_contiguous(&self) -> bool {
         let c = Layout::contiguous(&self.sizes);
-        self.sizes.iter().zip(self.strides.iter().zip(&c.strides)).all(|(&n, (s, cs))| n <= 1 || s == cs)
+        self.sizes
+            .iter()
+            .zip(self.strides.iter().zip(&c.strides))
+            .all(|(&n, (s, cs))| n <= 1 || s == cs)
     }
 
     /// The same elements with dimensions `a` and `b` swapped (a view).
@@ -76,7 +83,12 @@ impl Layout {
                 }
             }
             first = false;
-            self.offset + pos.iter().zip(&self.strides).map(|(p, s)| p * s).sum::<usize>()
+            self.offset
+                + pos
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(p, s)| p * s)
+                    .sum::<usize>()
         })
     }
 }
@@ -108,7 +120,9 @@ mod tests {
 
     #[test]
     fn indices_walk_a_transposed_view() {
-        let t = Layout::contiguous(&[2, 3]).transpose(0, 1).expect("dims in range");
+        let t = Layout::contiguous(&[2, 3])
+            .transpose(0, 1)
+            .expect("dims in range");
         let idx: Vec<usize> = t.indices().collect();
         assert_eq!(idx, vec![0, 3, 1, 4, 2, 5]);
         assert_eq!(Layout::contiguous(&[0, 5]).indices().count(), 0);

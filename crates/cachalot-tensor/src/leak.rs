@@ -30,7 +30,13 @@ impl fmt::Display for Leak {
             Some(n) => write!(f, "'{n}' {}", a.what)?,
             None => write!(f, "{}", a.what)?,
         }
-        write!(f, " ({}) at {:#x}, created at {}", format_size(a.bytes), a.ptr, a.location)
+        write!(
+            f,
+            " ({}) at {:#x}, created at {}",
+            format_size(a.bytes),
+            a.ptr,
+            a.location
+        )
     }
 }
 
@@ -57,7 +63,12 @@ impl LeakReport {
 impl fmt::Display for LeakReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_clean() {
-            return write!(f, "cuda:{}: no leaks (allocated {})", self.device, format_size(self.allocated_now));
+            return write!(
+                f,
+                "cuda:{}: no leaks (allocated {})",
+                self.device,
+                format_size(self.allocated_now)
+            );
         }
         let bytes: u64 = self.leaks.iter().map(|l| l.0.bytes).sum();
         writeln!(
@@ -85,12 +96,22 @@ impl LeakCheck {
         let ctx = registry::device(ordinal)?;
         let since = ctx.next_seq();
         let allocated_at_start = ctx.allocator.stats().memory_allocated();
-        Ok(LeakCheck { ctx, since, allocated_at_start })
+        Ok(LeakCheck {
+            ctx,
+            since,
+            allocated_at_start,
+        })
     }
 
     /// The allocations live now that were not live at the baseline.
     pub fn report(&self) -> LeakReport {
-        let leaks = self.ctx.live_since(self.since).into_iter().filter(|a| !a.internal).map(Leak).collect();
+        let leaks = self
+            .ctx
+            .live_since(self.since)
+            .into_iter()
+            .filter(|a| !a.internal)
+            .map(Leak)
+            .collect();
         LeakReport {
             device: self.ctx.ordinal,
             allocated_at_start: self.allocated_at_start,

@@ -44,7 +44,10 @@ pub mod stream;
 mod tensor;
 
 pub use context::LiveAllocation;
-pub use device::{current_device, device_count, device_guard, set_device, Device, DeviceGuard};
+pub use device::{
+    can_device_access_peer, current_device, device_count, device_guard, set_device, Device,
+    DeviceGuard,
+};
 pub use dtype::{DType, Element};
 pub use error::{Result, TensorError};
 pub use host_ops::BinaryOp;

@@ -12,7 +12,9 @@ use crate::pinned::PinnedStats;
 use crate::registry;
 
 fn stats_of(ordinal: usize) -> Option<cachalot::MemoryStats> {
-    registry::active().initialized(ordinal).map(|c| c.allocator.stats())
+    registry::active()
+        .initialized(ordinal)
+        .map(|c| c.allocator.stats())
 }
 
 /// Bytes in allocated blocks (`torch.cuda.memory_allocated`).
@@ -99,7 +101,11 @@ pub fn pinned_memory_stats() -> PinnedStats {
 /// Bytes of host memory a simulated device holds for written allocations (its
 /// unwritten allocations take none); 0 for a real or unused device.
 pub fn simulated_host_bytes(ordinal: usize) -> usize {
-    match registry::active().initialized(ordinal).as_deref().map(|c| &c.engine) {
+    match registry::active()
+        .initialized(ordinal)
+        .as_deref()
+        .map(|c| &c.engine)
+    {
         Some(crate::engine::Engine::Sim(e)) => e.host_bytes(),
         _ => 0,
     }
@@ -118,9 +124,9 @@ pub fn is_simulated(ordinal: usize) -> Result<bool> {
 /// freed into the cache, where later allocations split it.
 pub(crate) fn preallocate(ctx: &DeviceContext, fraction: f64) -> Result<()> {
     if !(0.0..=1.0).contains(&fraction) {
-        return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(format!(
-            "preallocation fraction {fraction} is outside [0, 1]"
-        ))));
+        return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(
+            format!("preallocation fraction {fraction} is outside [0, 1]"),
+        )));
     }
     let total = ctx.allocator.mem_get_info()?.total;
     const GRAIN: u64 = 2 << 20;

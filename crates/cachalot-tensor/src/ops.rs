@@ -9,6 +9,7 @@ use crate::engine::Engine;
 use crate::error::{Result, TensorError};
 use crate::host_ops::{self, BinaryOp};
 use crate::layout::Layout;
+use crate::stream::current_raw;
 use crate::tensor::Tensor;
 
 fn same_device(a: &Tensor, b: &Tensor) -> Result<()> {
@@ -33,7 +34,11 @@ fn same_shape(a: &Tensor, b: &Tensor) -> Result<()> {
         )));
     }
     match x.iter().zip(y).position(|(p, q)| p != q) {
-        Some(dim) => Err(TensorError::ShapeMismatch { a: x[dim], b: y[dim], dim }),
+        Some(dim) => Err(TensorError::ShapeMismatch {
+            a: x[dim],
+            b: y[dim],
+            dim,
+        }),
         None => Ok(()),
     }
 }
@@ -76,14 +81,68 @@ impl Tensor {
         self.scalar(BinaryOp::Mul, value, Location::caller())
     }
 
-    fn binary(&self, op: BinaryOp, other: &Tensor, at: &'static Location<'static>) -> Result<Tensor> {
+    /// `self += other`, in place (`tensor.add_(other)`): the storage is kept, so the
+    /// tensor's memory and every view of it see the update.
+    ///
+    /// # Errors
+    /// As [`Tensor::add`]; [`TensorError::Unsupported`] when `self` is not contiguous.
+    pub fn add_(&self, other: &Tensor) -> Result<()> {
+        self.binary_in_place(BinaryOp::Add, other)
+    }
+
+    /// `self *= other`, in place (`tensor.mul_(other)`).
+    ///
+    /// # Errors
+    /// As [`Tensor::add_`].
+    pub fn mul_(&self, other: &Tensor) -> Result<()> {
+        self.binary_in_place(BinaryOp::Mul, other)
+    }
+
+    fn binary_in_place(&self, op: BinaryOp, other: &Tensor) -> Result<()> {
+        same_device(self, other)?;
+        same_dtype(self, other)?;
+        same_shape(self, other)?;
+        if !self.is_contiguous() {
+            return Err(TensorError::Unsupported(
+                "in-place operation on a non-contiguous view".into(),
+            ));
+        }
+        let b = other.contiguous()?;
+        match self.storage.device_ptr() {
+            Some((ctx, _)) => {
+                let s = current_raw(ctx);
+                let o = self.data_ptr();
+                ctx.engine
+                    .binary(op, self.dtype, o, o, b.data_ptr(), self.numel(), &s)
+            }
+            None => {
+                let (x, y) = (self.host_bytes()?, b.host_bytes()?);
+                let start = self.layout.offset() * self.dtype.size();
+                let len = x.len();
+                write_host(self, |o| {
+                    host_ops::binary(op, self.dtype, &mut o[start..start + len], &x, &y)
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        other: &Tensor,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         same_device(self, other)?;
         same_dtype(self, other)?;
         same_shape(self, other)?;
         let (a, b) = (self.contiguous()?, other.contiguous()?);
         let (out, stream) = Tensor::alloc(a.sizes(), a.dtype, a.device, at)?;
         match (out.storage.device_ptr(), stream) {
-            (Some((ctx, o)), Some(s)) => ctx.engine.binary(op, a.dtype, o, a.data_ptr(), b.data_ptr(), a.numel(), &s)?,
+            (Some((ctx, o)), Some(s)) => {
+                ctx.engine
+                    .binary(op, a.dtype, o, a.data_ptr(), b.data_ptr(), a.numel(), &s)?
+            }
             _ => {
                 let (x, y) = (a.host_bytes()?, b.host_bytes()?);
                 write_host(&out, |o| host_ops::binary(op, a.dtype, o, &x, &y));
@@ -96,7 +155,10 @@ impl Tensor {
         let a = self.contiguous()?;
         let (out, stream) = Tensor::alloc(a.sizes(), a.dtype, a.device, at)?;
         match (out.storage.device_ptr(), stream) {
-            (Some((ctx, o)), Some(s)) => ctx.engine.scalar(op, a.dtype, o, a.data_ptr(), value, a.numel(), &s)?,
+            (Some((ctx, o)), Some(s)) => {
+                ctx.engine
+                    .scalar(op, a.dtype, o, a.data_ptr(), value, a.numel(), &s)?
+            }
             _ => {
                 let x = a.host_bytes()?;
                 write_host(&out, |o| host_ops::scalar(op, a.dtype, o, &x, value));
@@ -126,7 +188,10 @@ impl Tensor {
             )));
         }
         same_device(self, other)?;
-        let (sa, sb) = ([self.sizes()[0], self.sizes()[1]], [other.sizes()[0], other.sizes()[1]]);
+        let (sa, sb) = (
+            [self.sizes()[0], self.sizes()[1]],
+            [other.sizes()[0], other.sizes()[1]],
+        );
         if sa[1] != sb[0] {
             return Err(TensorError::MatmulShape(sa, sb));
         }
@@ -142,9 +207,22 @@ impl Tensor {
         };
         let workspace = ctx.cublas_workspace(&s)?;
         match &ctx.engine {
-            Engine::Sim(e) => e.matmul(a.dtype, o, (a.data_ptr(), &rebase(&a)), (b.data_ptr(), &rebase(&b)))?,
+            Engine::Sim(e) => e.matmul(
+                a.dtype,
+                o,
+                (a.data_ptr(), &rebase(&a)),
+                (b.data_ptr(), &rebase(&b)),
+            )?,
             Engine::Cuda(e) => {
-                e.gemm(a.dtype, o, operand(&a), operand(&b), (sa[0], sb[1], sa[1]), workspace, cuda_stream(&s)?)?;
+                e.gemm(
+                    a.dtype,
+                    o,
+                    operand(&a),
+                    operand(&b),
+                    (sa[0], sb[1], sa[1]),
+                    workspace,
+                    cuda_stream(&s)?,
+                )?;
                 ctx.after_foreign_binding();
             }
         }
@@ -152,10 +230,14 @@ impl Tensor {
     }
 }
 
-fn cuda_stream(s: &crate::engine::RawStream) -> Result<&std::sync::Arc<cudarc::driver::CudaStream>> {
+fn cuda_stream(
+    s: &crate::engine::RawStream,
+) -> Result<&std::sync::Arc<cudarc::driver::CudaStream>> {
     match s {
         crate::engine::RawStream::Cuda(s) => Ok(s),
-        crate::engine::RawStream::Sim(_) => Err(TensorError::Unsupported("a simulated stream on a CUDA device".into())),
+        crate::engine::RawStream::Sim(_) => Err(TensorError::Unsupported(
+            "a simulated stream on a CUDA device".into(),
+        )),
     }
 }
 

@@ -19,7 +19,11 @@ pub(crate) enum PinnedMem {
     /// Plain host memory (for simulated devices, where copies run at once).
     Host(Box<[u8]>),
     /// Memory from `cuMemHostAlloc`, freed through the context that made it.
-    Cuda { ptr: *mut u8, cap: usize, ctx: Arc<DeviceContext> },
+    Cuda {
+        ptr: *mut u8,
+        cap: usize,
+        ctx: Arc<DeviceContext>,
+    },
 }
 
 // SAFETY: the pointer is owned by this value alone (no aliasing copies exist), and the
@@ -110,7 +114,11 @@ impl PinnedCache {
     }
 
     /// A block of at least `len` bytes; `ctx` pins through CUDA, `None` uses plain memory.
-    pub(crate) fn allocate(self: &Arc<Self>, len: usize, ctx: Option<&Arc<DeviceContext>>) -> Result<PinnedBlock> {
+    pub(crate) fn allocate(
+        self: &Arc<Self>,
+        len: usize,
+        ctx: Option<&Arc<DeviceContext>>,
+    ) -> Result<PinnedBlock> {
         let cap = len.max(1).next_power_of_two();
         let mut st = self.lock();
         Self::collect_finished(&mut st);
@@ -130,7 +138,12 @@ impl PinnedCache {
             }
         };
         st.stats.allocated_bytes += cap as u64;
-        Ok(PinnedBlock { mem: Some(mem), len, pending: Vec::new(), cache: self.clone() })
+        Ok(PinnedBlock {
+            mem: Some(mem),
+            len,
+            pending: Vec::new(),
+            cache: self.clone(),
+        })
     }
 
     fn obtain(cap: usize, ctx: Option<&Arc<DeviceContext>>) -> Result<PinnedMem> {
@@ -140,7 +153,11 @@ impl PinnedCache {
                 // SAFETY: ptr holds cap bytes just allocated; zeroing them makes every
                 // later slice of them initialised.
                 unsafe { std::ptr::write_bytes(ptr, 0, cap) };
-                Ok(PinnedMem::Cuda { ptr, cap, ctx: c.clone() })
+                Ok(PinnedMem::Cuda {
+                    ptr,
+                    cap,
+                    ctx: c.clone(),
+                })
             }
             _ => Ok(PinnedMem::Host(vec![0u8; cap].into_boxed_slice())),
         }
@@ -169,7 +186,10 @@ impl PinnedCache {
         let freed: Vec<PinnedMem> = {
             let mut st = self.lock();
             Self::collect_finished(&mut st);
-            let blocks: Vec<PinnedMem> = std::mem::take(&mut st.free).into_values().flatten().collect();
+            let blocks: Vec<PinnedMem> = std::mem::take(&mut st.free)
+                .into_values()
+                .flatten()
+                .collect();
             st.stats.reserved_bytes -= blocks.iter().map(|m| m.cap() as u64).sum::<u64>();
             blocks
         };
@@ -215,7 +235,12 @@ impl Drop for PinnedBlock {
 
 impl fmt::Debug for PinnedBlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PinnedBlock({} bytes, {} pending)", self.len, self.pending.len())
+        write!(
+            f,
+            "PinnedBlock({} bytes, {} pending)",
+            self.len,
+            self.pending.len()
+        )
     }
 }
 

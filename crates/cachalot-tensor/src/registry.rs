@@ -69,7 +69,11 @@ impl Default for Options {
 impl Options {
     /// Simulated devices with the given configuration.
     pub fn sim(config: AllocatorConfig) -> Options {
-        Options { config, backend: BackendChoice::Sim, ..Options::default() }
+        Options {
+            config,
+            backend: BackendChoice::Sim,
+            ..Options::default()
+        }
     }
 
     /// Defaults, with `PYTORCH_CUDA_ALLOC_CONF` parsed into the configuration and
@@ -88,9 +92,9 @@ impl Options {
                 "cuda" => BackendChoice::Cuda,
                 "auto" | "" => BackendChoice::Auto,
                 other => {
-                    return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(format!(
-                        "CACHALOT_DEVICE must be sim, cuda or auto, not '{other}'"
-                    ))))
+                    return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(
+                        format!("CACHALOT_DEVICE must be sim, cuda or auto, not '{other}'"),
+                    )))
                 }
             };
         }
@@ -121,7 +125,10 @@ impl Registry {
             BackendChoice::Auto | BackendChoice::Cuda => probe_device_count(),
         };
         if options.backend == BackendChoice::Cuda && gpus == 0 {
-            return Err(TensorError::InvalidDevice { ordinal: 0, count: 0 });
+            return Err(TensorError::InvalidDevice {
+                ordinal: 0,
+                count: 0,
+            });
         }
         let simulated = gpus == 0;
         let count = if simulated { options.sim_devices } else { gpus };
@@ -152,7 +159,9 @@ impl Registry {
     /// Makes this registry the one this thread uses until the guard drops.
     pub fn enter(self: &Arc<Self>) -> RegistryGuard {
         OVERRIDE.with(|o| o.borrow_mut().push(self.clone()));
-        RegistryGuard { _not_send: std::marker::PhantomData }
+        RegistryGuard {
+            _not_send: std::marker::PhantomData,
+        }
     }
 
     /// The context of device `ordinal`, created on first use.
@@ -163,7 +172,10 @@ impl Registry {
         let slot = self
             .devices
             .get(ordinal)
-            .ok_or(TensorError::InvalidDevice { ordinal, count: self.devices.len() })?;
+            .ok_or(TensorError::InvalidDevice {
+                ordinal,
+                count: self.devices.len(),
+            })?;
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(ctx) = slot.as_ref() {
             return Ok(ctx.clone());
@@ -175,7 +187,11 @@ impl Registry {
 
     /// The context of `ordinal` if it was created already.
     pub(crate) fn initialized(&self, ordinal: usize) -> Option<Arc<DeviceContext>> {
-        self.devices.get(ordinal)?.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.devices
+            .get(ordinal)?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn create(&self, ordinal: usize) -> Result<DeviceContext> {
@@ -218,7 +234,9 @@ static GLOBAL: OnceLock<Arc<Registry>> = OnceLock::new();
 /// errors of [`Registry::new`].
 pub fn configure(options: Options) -> Result<()> {
     let reg = Registry::new(options)?;
-    GLOBAL.set(reg).map_err(|_| TensorError::Unsupported("configure() called after the devices were first used".into()))
+    GLOBAL.set(reg).map_err(|_| {
+        TensorError::Unsupported("configure() called after the devices were first used".into())
+    })
 }
 
 fn global() -> Arc<Registry> {
@@ -246,7 +264,9 @@ fn global() -> Arc<Registry> {
 /// The registry this thread uses: the innermost [`Registry::enter`], else the
 /// process-wide one.
 pub fn active() -> Arc<Registry> {
-    OVERRIDE.with(|o| o.borrow().last().cloned()).unwrap_or_else(global)
+    OVERRIDE
+        .with(|o| o.borrow().last().cloned())
+        .unwrap_or_else(global)
 }
 
 /// The context of `ordinal` in the active registry.

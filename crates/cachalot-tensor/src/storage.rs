@@ -68,11 +68,15 @@ pub(crate) struct Storage {
 
 impl Storage {
     pub(crate) fn host(mem: HostMem) -> Arc<Storage> {
-        Arc::new(Storage { place: Place::Host(Mutex::new(mem)) })
+        Arc::new(Storage {
+            place: Place::Host(Mutex::new(mem)),
+        })
     }
 
     pub(crate) fn device(ctx: Arc<DeviceContext>, ptr: DevicePtr) -> Arc<Storage> {
-        Arc::new(Storage { place: Place::Device { ctx, ptr } })
+        Arc::new(Storage {
+            place: Place::Device { ctx, ptr },
+        })
     }
 
     /// The host bytes; `None` for device storage.

@@ -105,7 +105,10 @@ impl Stream {
     pub fn enter(&self) -> StreamGuard {
         let k = key(&self.ctx);
         CURRENT.with(|c| c.borrow_mut().entry(k).or_default().push(self.raw.clone()));
-        StreamGuard { key: k, _not_send: std::marker::PhantomData }
+        StreamGuard {
+            key: k,
+            _not_send: std::marker::PhantomData,
+        }
     }
 
     /// Records an event on this stream.
@@ -145,7 +148,9 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         match &self.raw {
             RawStream::Sim(_) => Ok(()),
-            RawStream::Cuda(s) => s.synchronize().map_err(|e| TensorError::driver("cuStreamSynchronize", e)),
+            RawStream::Cuda(s) => s
+                .synchronize()
+                .map_err(|e| TensorError::driver("cuStreamSynchronize", e)),
         }
     }
 }
@@ -191,7 +196,10 @@ impl Event {
     }
 
     pub(crate) fn on(ctx: &Arc<DeviceContext>) -> Result<Event> {
-        Ok(Event { ctx: ctx.clone(), raw: Mutex::new(ctx.engine.new_event()?) })
+        Ok(Event {
+            ctx: ctx.clone(),
+            raw: Mutex::new(ctx.engine.new_event()?),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RawEvent> {

@@ -36,15 +36,33 @@ pub(crate) fn describe(dtype: DType, sizes: &[usize]) -> String {
 
 impl Tensor {
     /// A tensor over `storage` with a contiguous layout.
-    pub(crate) fn wrap(storage: Arc<Storage>, sizes: &[usize], dtype: DType, device: Device) -> Tensor {
-        Tensor { storage, layout: Layout::contiguous(sizes), dtype, device }
+    pub(crate) fn wrap(
+        storage: Arc<Storage>,
+        sizes: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Tensor {
+        Tensor {
+            storage,
+            layout: Layout::contiguous(sizes),
+            dtype,
+            device,
+        }
     }
 
     /// Allocates a contiguous tensor; its bytes are unspecified (zeros on the host).
-    pub(crate) fn alloc(sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<(Tensor, Option<RawStream>)> {
+    pub(crate) fn alloc(
+        sizes: &[usize],
+        dtype: DType,
+        device: Device,
+        at: &'static Location<'static>,
+    ) -> Result<(Tensor, Option<RawStream>)> {
         let nbytes = sizes.iter().product::<usize>() * dtype.size();
         match device {
-            Device::Cpu => Ok((Tensor::wrap(Storage::host(HostMem::Zeros(nbytes)), sizes, dtype, device), None)),
+            Device::Cpu => Ok((
+                Tensor::wrap(Storage::host(HostMem::Zeros(nbytes)), sizes, dtype, device),
+                None,
+            )),
             Device::Cuda(i) => {
                 let ctx = registry::device(i)?;
                 let stream = current_raw(&ctx);
@@ -82,7 +100,13 @@ impl Tensor {
         Tensor::full_at(sizes, value, dtype, device, Location::caller())
     }
 
-    fn full_at(sizes: &[usize], value: f64, dtype: DType, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
+    fn full_at(
+        sizes: &[usize],
+        value: f64,
+        dtype: DType,
+        device: Device,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let (t, stream) = Tensor::alloc(sizes, dtype, device, at)?;
         match (&t.storage.device_ptr(), stream) {
             (Some((ctx, ptr)), Some(s)) => ctx.engine.fill(dtype, *ptr, t.numel(), value, &s)?,
@@ -105,7 +129,10 @@ impl Tensor {
     #[track_caller]
     pub fn randn(sizes: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         if !dtype.is_float() {
-            return Err(TensorError::Unsupported(format!("\"normal_kernel\" not implemented for '{}'", dtype.name())));
+            return Err(TensorError::Unsupported(format!(
+                "\"normal_kernel\" not implemented for '{}'",
+                dtype.name()
+            )));
         }
         let (t, stream) = Tensor::alloc(sizes, dtype, device, Location::caller())?;
         match (&t.storage.device_ptr(), stream) {
@@ -142,7 +169,10 @@ impl Tensor {
     pub fn from_vec<T: Element>(data: Vec<T>, sizes: &[usize], device: Device) -> Result<Tensor> {
         let n: usize = sizes.iter().product();
         if n != data.len() {
-            return Err(TensorError::InvalidShape(format!("shape '{sizes:?}' is invalid for input of size {}", data.len())));
+            return Err(TensorError::InvalidShape(format!(
+                "shape '{sizes:?}' is invalid for input of size {}",
+                data.len()
+            )));
         }
         let mut bytes = Vec::with_capacity(n * T::DTYPE.size());
         for x in data {
@@ -151,8 +181,19 @@ impl Tensor {
         Tensor::from_bytes(bytes, sizes, T::DTYPE, device, Location::caller())
     }
 
-    fn from_bytes(bytes: Vec<u8>, sizes: &[usize], dtype: DType, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
-        let host = Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), sizes, dtype, Device::Cpu);
+    fn from_bytes(
+        bytes: Vec<u8>,
+        sizes: &[usize],
+        dtype: DType,
+        device: Device,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let host = Tensor::wrap(
+            Storage::host(HostMem::Bytes(bytes)),
+            sizes,
+            dtype,
+            Device::Cpu,
+        );
         match device {
             Device::Cpu => Ok(host),
             Device::Cuda(_) => host.to_at(device, false, at),
@@ -174,7 +215,9 @@ impl Tensor {
     /// The elements' bytes in row-major order.
     pub(crate) fn host_bytes(&self) -> Result<Vec<u8>> {
         let host = self.to(Device::Cpu)?;
-        let mem = host.storage.host_mem().ok_or(TensorError::Unsupported("host copy without host memory".into()))?;
+        let mem = host.storage.host_mem().ok_or(TensorError::Unsupported(
+            "host copy without host memory".into(),
+        ))?;
         let raw = mem.bytes();
         if host.layout.is_contiguous() {
             let start = host.layout.offset() * self.dtype.size();
@@ -226,7 +269,9 @@ impl Tensor {
 
     /// The device address of the first element (0 on the host).
     pub fn data_ptr(&self) -> u64 {
-        self.storage.device_ptr().map_or(0, |(_, p)| p + (self.layout.offset() * self.dtype.size()) as u64)
+        self.storage.device_ptr().map_or(0, |(_, p)| {
+            p + (self.layout.offset() * self.dtype.size()) as u64
+        })
     }
 
     /// Whether the tensor is in pinned host memory.
@@ -247,7 +292,9 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DeviceMismatch`] for a stream of another device.
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        let Some((ctx, ptr)) = self.storage.device_ptr() else { return Ok(()) };
+        let Some((ctx, ptr)) = self.storage.device_ptr() else {
+            return Ok(());
+        };
         if !Arc::ptr_eq(ctx, &stream.ctx) {
             return Err(TensorError::DeviceMismatch(self.device, stream.device()));
         }
@@ -261,8 +308,17 @@ impl Tensor {
     /// [`TensorError::DimOutOfRange`].
     pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
         let rank = self.sizes().len();
-        let layout = self.layout.transpose(a, b).ok_or(TensorError::DimOutOfRange { dim: a.max(b), rank })?;
-        Ok(Tensor { layout, ..self.clone() })
+        let layout = self
+            .layout
+            .transpose(a, b)
+            .ok_or(TensorError::DimOutOfRange {
+                dim: a.max(b),
+                rank,
+            })?;
+        Ok(Tensor {
+            layout,
+            ..self.clone()
+        })
     }
 
     /// The transpose of a matrix (`tensor.T` for 2-D).
@@ -271,7 +327,10 @@ impl Tensor {
     /// [`TensorError::InvalidShape`] unless the tensor is 2-D.
     pub fn t(&self) -> Result<Tensor> {
         if self.sizes().len() != 2 {
-            return Err(TensorError::InvalidShape(format!("t() expects a tensor with <= 2 dimensions, but self is {}D", self.sizes().len())));
+            return Err(TensorError::InvalidShape(format!(
+                "t() expects a tensor with <= 2 dimensions, but self is {}D",
+                self.sizes().len()
+            )));
         }
         self.transpose(0, 1)
     }
@@ -289,12 +348,18 @@ impl Tensor {
         match self.storage.device_ptr() {
             None => {
                 let bytes = self.host_bytes()?;
-                Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), self.sizes(), self.dtype, Device::Cpu))
+                Ok(Tensor::wrap(
+                    Storage::host(HostMem::Bytes(bytes)),
+                    self.sizes(),
+                    self.dtype,
+                    Device::Cpu,
+                ))
             }
             Some((ctx, src)) => {
                 let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, self.device, at)?;
                 let stream = stream.unwrap_or_else(|| ctx.engine.default_stream());
-                ctx.engine.gather(self.dtype, out.data_ptr(), src, &self.layout, &stream)?;
+                ctx.engine
+                    .gather(self.dtype, out.data_ptr(), src, &self.layout, &stream)?;
                 Ok(out)
             }
         }
@@ -311,7 +376,12 @@ impl Tensor {
         let src = self.contiguous()?;
         if src.storage.device_ptr().is_none() {
             let bytes = src.host_bytes()?;
-            return Ok(Tensor::wrap(Storage::host(HostMem::Bytes(bytes)), self.sizes(), self.dtype, Device::Cpu));
+            return Ok(Tensor::wrap(
+                Storage::host(HostMem::Bytes(bytes)),
+                self.sizes(),
+                self.dtype,
+                Device::Cpu,
+            ));
         }
         let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, self.device, at)?;
         if let (Some((ctx, dst)), Some(s)) = (out.storage.device_ptr(), stream) {
@@ -326,14 +396,26 @@ impl Tensor {
     /// Only for device tensors: [`TensorError::Unsupported`]; driver failures.
     pub fn pin_memory(&self) -> Result<Tensor> {
         if self.device != Device::Cpu {
-            return Err(TensorError::Unsupported(format!("cannot pin '{}' memory: only dense CPU tensors can be pinned", self.device)));
+            return Err(TensorError::Unsupported(format!(
+                "cannot pin '{}' memory: only dense CPU tensors can be pinned",
+                self.device
+            )));
         }
         let bytes = self.host_bytes()?;
         let reg = registry::active();
-        let ctx = if reg.is_simulated() { None } else { Some(reg.device(0)?) };
+        let ctx = if reg.is_simulated() {
+            None
+        } else {
+            Some(reg.device(0)?)
+        };
         let mut block = reg.pinned.allocate(bytes.len(), ctx.as_ref())?;
         block.as_mut_slice().copy_from_slice(&bytes);
-        Ok(Tensor::wrap(Storage::host(HostMem::Pinned(block)), self.sizes(), self.dtype, Device::Cpu))
+        Ok(Tensor::wrap(
+            Storage::host(HostMem::Pinned(block)),
+            self.sizes(),
+            self.dtype,
+            Device::Cpu,
+        ))
     }
 
     /// The tensor on `device`: `self` when it is already there (`tensor.to(device)`).
@@ -359,7 +441,12 @@ impl Tensor {
         self.to_at(device, true, Location::caller())
     }
 
-    pub(crate) fn to_at(&self, device: Device, non_blocking: bool, at: &'static Location<'static>) -> Result<Tensor> {
+    pub(crate) fn to_at(
+        &self,
+        device: Device,
+        non_blocking: bool,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         if device == self.device {
             return Ok(self.clone());
         }
@@ -374,17 +461,29 @@ impl Tensor {
         }
     }
 
-    fn host_to_device(&self, device: Device, non_blocking: bool, at: &'static Location<'static>) -> Result<Tensor> {
+    fn host_to_device(
+        &self,
+        device: Device,
+        non_blocking: bool,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, device, at)?;
         let (Some((ctx, dst)), Some(stream)) = (out.storage.device_ptr(), stream) else {
-            return Err(TensorError::Unsupported("a device copy into host memory".into()));
+            return Err(TensorError::Unsupported(
+                "a device copy into host memory".into(),
+            ));
         };
-        let mut mem = self.storage.host_mem().ok_or(TensorError::Unsupported("a host copy from device memory".into()))?;
+        let mut mem = self.storage.host_mem().ok_or(TensorError::Unsupported(
+            "a host copy from device memory".into(),
+        ))?;
         match &mut *mem {
-            HostMem::Zeros(_) => ctx.engine.fill(self.dtype, dst, self.numel(), 0.0, &stream)?,
+            HostMem::Zeros(_) => ctx
+                .engine
+                .fill(self.dtype, dst, self.numel(), 0.0, &stream)?,
             HostMem::Bytes(b) => ctx.engine.write(dst, b, &stream, false)?,
             HostMem::Pinned(block) => {
-                ctx.engine.write(dst, block.as_slice(), &stream, non_blocking)?;
+                ctx.engine
+                    .write(dst, block.as_slice(), &stream, non_blocking)?;
                 let ev = ctx.engine.new_event()?;
                 let mut ev = ev;
                 ev.record(&stream)?;
@@ -405,17 +504,36 @@ impl Tensor {
                 HostMem::Bytes(buf)
             }
         };
-        Ok(Tensor::wrap(Storage::host(mem), self.sizes(), self.dtype, Device::Cpu))
+        Ok(Tensor::wrap(
+            Storage::host(mem),
+            self.sizes(),
+            self.dtype,
+            Device::Cpu,
+        ))
     }
 
-    fn device_to_device(&self, src_ctx: &Arc<DeviceContext>, src: u64, device: Device, at: &'static Location<'static>) -> Result<Tensor> {
+    fn device_to_device(
+        &self,
+        src_ctx: &Arc<DeviceContext>,
+        src: u64,
+        device: Device,
+        at: &'static Location<'static>,
+    ) -> Result<Tensor> {
         // The copy runs on the destination's stream: first let the source's work finish.
-        Stream { ctx: src_ctx.clone(), raw: current_raw(src_ctx) }.synchronize()?;
+        Stream {
+            ctx: src_ctx.clone(),
+            raw: current_raw(src_ctx),
+        }
+        .synchronize()?;
         let (out, stream) = Tensor::alloc(self.sizes(), self.dtype, device, at)?;
         let (Some((dst_ctx, dst)), Some(stream)) = (out.storage.device_ptr(), stream) else {
-            return Err(TensorError::Unsupported("a device copy into host memory".into()));
+            return Err(TensorError::Unsupported(
+                "a device copy into host memory".into(),
+            ));
         };
-        dst_ctx.engine.copy_from_peer(dst, &src_ctx.engine, src, self.nbytes(), &stream)?;
+        dst_ctx
+            .engine
+            .copy_from_peer(dst, &src_ctx.engine, src, self.nbytes(), &stream)?;
         dst_ctx.after_foreign_binding();
         Ok(out)
     }
@@ -423,6 +541,12 @@ impl Tensor {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({}, {:?}, {})", self.dtype.name(), self.layout, self.device)
+        write!(
+            f,
+            "Tensor({}, {:?}, {})",
+            self.dtype.name(),
+            self.layout,
+            self.device
+        )
     }
 }

@@ -59,7 +59,9 @@ pub(crate) enum RawEvent {
 fn cuda_stream(s: &RawStream) -> Result<&Arc<CudaStream>> {
     match s {
         RawStream::Cuda(s) => Ok(s),
-        RawStream::Sim(_) => Err(TensorError::Unsupported("a simulated stream used on a CUDA device".into())),
+        RawStream::Sim(_) => Err(TensorError::Unsupported(
+            "a simulated stream used on a CUDA device".into(),
+        )),
     }
 }
 
@@ -113,8 +115,15 @@ impl Engine {
         }
     }
 
-    pub(crate) fn write(&self, dst: DevicePtr, src: &[u8], stream: &RawStream, pinned: bool) -> Result<()> {
-        dispatch!(self, stream, |e| e.write(dst, src), |e, s| e.write(dst, src, s, pinned))
+    pub(crate) fn write(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: &RawStream,
+        pinned: bool,
+    ) -> Result<()> {
+        dispatch!(self, stream, |e| e.write(dst, src), |e, s| e
+            .write(dst, src, s, pinned))
     }
 
     pub(crate) fn read(&self, src: DevicePtr, dst: &mut [u8], stream: &RawStream) -> Result<()> {
@@ -124,39 +133,121 @@ impl Engine {
         }
     }
 
-    pub(crate) fn fill(&self, dtype: DType, dst: DevicePtr, n: usize, value: f64, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.fill(dtype, dst, n, value), |e, s| e.fill(dtype, dst, n, value, s))
+    pub(crate) fn fill(
+        &self,
+        dtype: DType,
+        dst: DevicePtr,
+        n: usize,
+        value: f64,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(self, stream, |e| e.fill(dtype, dst, n, value), |e, s| e
+            .fill(dtype, dst, n, value, s))
     }
 
-    pub(crate) fn copy(&self, dst: DevicePtr, src: DevicePtr, len: usize, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.copy(dst, src, len), |e, s| e.copy(dst, src, len, s))
+    pub(crate) fn copy(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(self, stream, |e| e.copy(dst, src, len), |e, s| e
+            .copy(dst, src, len, s))
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn binary(&self, op: BinaryOp, dtype: DType, out: DevicePtr, a: DevicePtr, b: DevicePtr, n: usize, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.binary(op, dtype, out, a, b, n), |e, s| e.binary(op, dtype, out, a, b, n, s))
+    pub(crate) fn binary(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        out: DevicePtr,
+        a: DevicePtr,
+        b: DevicePtr,
+        n: usize,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(
+            self,
+            stream,
+            |e| e.binary(op, dtype, out, a, b, n),
+            |e, s| e.binary(op, dtype, out, a, b, n, s)
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn scalar(&self, op: BinaryOp, dtype: DType, out: DevicePtr, a: DevicePtr, v: f64, n: usize, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.scalar(op, dtype, out, a, v, n), |e, s| e.scalar(op, dtype, out, a, v, n, s))
+    pub(crate) fn scalar(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        out: DevicePtr,
+        a: DevicePtr,
+        v: f64,
+        n: usize,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(
+            self,
+            stream,
+            |e| e.scalar(op, dtype, out, a, v, n),
+            |e, s| e.scalar(op, dtype, out, a, v, n, s)
+        )
     }
 
-    pub(crate) fn gather(&self, dtype: DType, out: DevicePtr, base: DevicePtr, layout: &Layout, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.gather(dtype, out, base, layout), |e, s| e.gather(dtype, out, base, layout, s))
+    pub(crate) fn gather(
+        &self,
+        dtype: DType,
+        out: DevicePtr,
+        base: DevicePtr,
+        layout: &Layout,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(
+            self,
+            stream,
+            |e| e.gather(dtype, out, base, layout),
+            |e, s| e.gather(dtype, out, base, layout, s)
+        )
     }
 
-    pub(crate) fn randn(&self, dtype: DType, out: DevicePtr, n: usize, stream: &RawStream) -> Result<()> {
-        dispatch!(self, stream, |e| e.randn(dtype, out, n), |e, s| e.randn(dtype, out, n, s))
+    pub(crate) fn randn(
+        &self,
+        dtype: DType,
+        out: DevicePtr,
+        n: usize,
+        stream: &RawStream,
+    ) -> Result<()> {
+        dispatch!(self, stream, |e| e.randn(dtype, out, n), |e, s| e
+            .randn(dtype, out, n, s))
     }
 
     /// Copies `len` bytes from `src` on `peer` to `dst` here. Returns whether the GPUs
     /// copied directly (peer access); always true on the simulated device.
-    pub(crate) fn copy_from_peer(&self, dst: DevicePtr, peer: &Engine, src: DevicePtr, len: usize, stream: &RawStream) -> Result<bool> {
+    pub(crate) fn copy_from_peer(
+        &self,
+        dst: DevicePtr,
+        peer: &Engine,
+        src: DevicePtr,
+        len: usize,
+        stream: &RawStream,
+    ) -> Result<bool> {
         match (self, peer) {
             (Engine::Sim(e), Engine::Sim(p)) => e.copy_from_peer(dst, p, src, len).map(|()| true),
-            (Engine::Cuda(e), Engine::Cuda(p)) => e.copy_from_peer(dst, p, src, len, cuda_stream(stream)?),
-            _ => Err(TensorError::Unsupported("a copy between a simulated and a real device".into())),
+            (Engine::Cuda(e), Engine::Cuda(p)) => {
+                e.copy_from_peer(dst, p, src, len, cuda_stream(stream)?)
+            }
+            _ => Err(TensorError::Unsupported(
+                "a copy between a simulated and a real device".into(),
+            )),
+        }
+    }
+
+    /// Whether this device can access `peer`'s memory directly (always on the simulated device).
+    pub(crate) fn can_access_peer(&self, peer: &Engine) -> bool {
+        match (self, peer) {
+            (Engine::Sim(_), Engine::Sim(_)) => true,
+            (Engine::Cuda(e), Engine::Cuda(p)) => e.can_access_peer(p),
+            _ => false,
         }
     }
 
@@ -164,7 +255,9 @@ impl Engine {
         Ok(match self {
             Engine::Sim(_) => RawEvent::Sim(None),
             Engine::Cuda(e) => RawEvent::Cuda(
-                e.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(|err| TensorError::driver("cuEventCreate", err))?,
+                e.context()
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|err| TensorError::driver("cuEventCreate", err))?,
             ),
         })
     }
@@ -184,7 +277,9 @@ impl RawEvent {
                 *t = Some(Instant::now());
                 Ok(())
             }
-            RawEvent::Cuda(ev) => ev.record(cuda_stream(stream)?).map_err(|e| TensorError::driver("cuEventRecord", e)),
+            RawEvent::Cuda(ev) => ev
+                .record(cuda_stream(stream)?)
+                .map_err(|e| TensorError::driver("cuEventRecord", e)),
         }
     }
 
@@ -198,23 +293,35 @@ impl RawEvent {
     pub(crate) fn synchronize(&self) -> Result<()> {
         match self {
             RawEvent::Sim(_) => Ok(()),
-            RawEvent::Cuda(ev) => ev.synchronize().map_err(|e| TensorError::driver("cuEventSynchronize", e)),
+            RawEvent::Cuda(ev) => ev
+                .synchronize()
+                .map_err(|e| TensorError::driver("cuEventSynchronize", e)),
         }
     }
 
     pub(crate) fn elapsed_ms(&self, end: &RawEvent) -> Result<f32> {
         match (self, end) {
-            (RawEvent::Sim(Some(a)), RawEvent::Sim(Some(b))) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1000.0),
-            (RawEvent::Cuda(a), RawEvent::Cuda(b)) => a.elapsed_ms(b).map_err(|e| TensorError::driver("cuEventElapsedTime", e)),
-            _ => Err(TensorError::Unsupported("elapsed time between events never recorded, or of different devices".into())),
+            (RawEvent::Sim(Some(a)), RawEvent::Sim(Some(b))) => {
+                Ok(b.saturating_duration_since(*a).as_secs_f32() * 1000.0)
+            }
+            (RawEvent::Cuda(a), RawEvent::Cuda(b)) => a
+                .elapsed_ms(b)
+                .map_err(|e| TensorError::driver("cuEventElapsedTime", e)),
+            _ => Err(TensorError::Unsupported(
+                "elapsed time between events never recorded, or of different devices".into(),
+            )),
         }
     }
 
     pub(crate) fn wait_on(&self, stream: &RawStream) -> Result<()> {
         match (self, stream) {
             (RawEvent::Sim(_), _) => Ok(()),
-            (RawEvent::Cuda(ev), RawStream::Cuda(s)) => s.wait(ev).map_err(|e| TensorError::driver("cuStreamWaitEvent", e)),
-            (RawEvent::Cuda(_), RawStream::Sim(_)) => Err(TensorError::Unsupported("a CUDA event waited on by a simulated stream".into())),
+            (RawEvent::Cuda(ev), RawStream::Cuda(s)) => s
+                .wait(ev)
+                .map_err(|e| TensorError::driver("cuStreamWaitEvent", e)),
+            (RawEvent::Cuda(_), RawStream::Sim(_)) => Err(TensorError::Unsupported(
+                "a CUDA event waited on by a simulated stream".into(),
+            )),
         }
     }
 }

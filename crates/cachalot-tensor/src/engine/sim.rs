@@ -62,12 +62,20 @@ impl SimEngine {
     }
 
     /// Runs `f` on `len` bytes at `addr`, which must lie inside one allocation.
-    fn with_range<R>(&self, addr: DevicePtr, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
+    fn with_range<R>(
+        &self,
+        addr: DevicePtr,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R> {
         let mut map = self.lock();
         let (base, buf) = map
             .range_mut(..=addr)
             .next_back()
-            .ok_or(TensorError::Driver { what: "sim memory access", message: format!("{addr:#x} is not allocated") })?;
+            .ok_or(TensorError::Driver {
+                what: "sim memory access",
+                message: format!("{addr:#x} is not allocated"),
+            })?;
         let start = (addr - *base) as usize;
         if start + len > buf.len {
             return Err(TensorError::Driver {
@@ -128,13 +136,29 @@ impl SimEngine {
         self.write(dst, &data)
     }
 
-    pub(crate) fn binary(&self, op: BinaryOp, dtype: DType, out: DevicePtr, a: DevicePtr, b: DevicePtr, n: usize) -> Result<()> {
+    pub(crate) fn binary(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        out: DevicePtr,
+        a: DevicePtr,
+        b: DevicePtr,
+        n: usize,
+    ) -> Result<()> {
         let len = n * dtype.size();
         let (x, y) = (self.read_vec(a, len)?, self.read_vec(b, len)?);
         self.with_range(out, len, |o| host_ops::binary(op, dtype, o, &x, &y))
     }
 
-    pub(crate) fn scalar(&self, op: BinaryOp, dtype: DType, out: DevicePtr, a: DevicePtr, s: f64, n: usize) -> Result<()> {
+    pub(crate) fn scalar(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        out: DevicePtr,
+        a: DevicePtr,
+        s: f64,
+        n: usize,
+    ) -> Result<()> {
         let x = self.read_vec(a, n * dtype.size())?;
         self.with_range(out, x.len(), |o| host_ops::scalar(op, dtype, o, &x, s))
     }
@@ -145,12 +169,24 @@ impl SimEngine {
         self.read_vec(base, span * dtype.size())
     }
 
-    pub(crate) fn gather(&self, dtype: DType, out: DevicePtr, base: DevicePtr, layout: &Layout) -> Result<()> {
+    pub(crate) fn gather(
+        &self,
+        dtype: DType,
+        out: DevicePtr,
+        base: DevicePtr,
+        layout: &Layout,
+    ) -> Result<()> {
         let src = self.read_span(dtype, base, layout)?;
         self.write(out, &host_ops::gather(dtype, &src, layout))
     }
 
-    pub(crate) fn matmul(&self, dtype: DType, out: DevicePtr, a: (DevicePtr, &Layout), b: (DevicePtr, &Layout)) -> Result<()> {
+    pub(crate) fn matmul(
+        &self,
+        dtype: DType,
+        out: DevicePtr,
+        a: (DevicePtr, &Layout),
+        b: (DevicePtr, &Layout),
+    ) -> Result<()> {
         let x = self.read_span(dtype, a.0, a.1)?;
         let y = self.read_span(dtype, b.0, b.1)?;
         self.write(out, &host_ops::matmul(dtype, (&x, a.1), (&y, b.1)))
@@ -162,7 +198,13 @@ impl SimEngine {
     }
 
     /// Copies from another simulated device.
-    pub(crate) fn copy_from_peer(&self, dst: DevicePtr, peer: &SimEngine, src: DevicePtr, len: usize) -> Result<()> {
+    pub(crate) fn copy_from_peer(
+        &self,
+        dst: DevicePtr,
+        peer: &SimEngine,
+        src: DevicePtr,
+        len: usize,
+    ) -> Result<()> {
         let data = peer.read_vec(src, len)?;
         self.write(dst, &data)
     }
@@ -177,6 +219,9 @@ impl SimEngine {
 
     /// Bytes of host memory the simulated device holds now (written buffers only).
     pub(crate) fn host_bytes(&self) -> usize {
-        self.lock().values().filter_map(|b| b.bytes.as_ref().map(Vec::len)).sum()
+        self.lock()
+            .values()
+            .filter_map(|b| b.bytes.as_ref().map(Vec::len))
+            .sum()
     }
 }

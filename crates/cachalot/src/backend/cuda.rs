@@ -32,7 +32,8 @@ use cudarc::driver::sys::{self, CUresult};
 use self::driver::{check, Context};
 use self::registry::Registry;
 use super::{
-    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
+    PageHandle, StreamId,
 };
 
 /// One GPU, driven through the CUDA driver. See the module docs.
@@ -153,7 +154,9 @@ impl CudaBackend {
         self.ctx.bind(call)?;
         // SAFETY: the stream was created by this backend and was live until the line
         // above forgot it; nothing else destroys it.
-        check(call, 0, || unsafe { sys::cuStreamDestroy_v2(stream_handle(stream)) })
+        check(call, 0, || unsafe {
+            sys::cuStreamDestroy_v2(stream_handle(stream))
+        })
     }
 
     /// Lets work be queued on a stream created outside this backend (by PyTorch, say).
@@ -177,7 +180,13 @@ impl CudaBackend {
     /// [`BackendError::InvalidArgument`] when the words are not all inside live
     /// device memory of this backend or `ptr` is not 4-byte aligned;
     /// [`BackendError::InvalidAddress`] for an unknown stream.
-    pub fn fill_u32(&self, ptr: DevicePtr, value: u32, count: u64, stream: StreamId) -> BackendResult<()> {
+    pub fn fill_u32(
+        &self,
+        ptr: DevicePtr,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         if ptr % 4 != 0 {
@@ -205,7 +214,12 @@ impl CudaBackend {
     ///
     /// # Errors
     /// As for [`CudaBackend::fill_u32`].
-    pub fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8], stream: StreamId) -> BackendResult<()> {
+    pub fn copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: &mut [u8],
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         reg.check_accessible(call, src, dst.len() as u64)?;
@@ -227,7 +241,12 @@ impl CudaBackend {
     ///
     /// # Errors
     /// As for [`CudaBackend::fill_u32`].
-    pub fn copy_from_host(&self, src: &[u8], dst: DevicePtr, stream: StreamId) -> BackendResult<()> {
+    pub fn copy_from_host(
+        &self,
+        src: &[u8],
+        dst: DevicePtr,
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         reg.check_accessible(call, dst, src.len() as u64)?;
@@ -259,7 +278,11 @@ impl CudaBackend {
         // argument is a number smuggled in the pointer, never dereferenced. The
         // stream is known to this backend.
         check(call, 0, || unsafe {
-            sys::cuLaunchHostFunc(stream_handle(stream), Some(sleep_host), micros as *mut c_void)
+            sys::cuLaunchHostFunc(
+                stream_handle(stream),
+                Some(sleep_host),
+                micros as *mut c_void,
+            )
         })
     }
 }
@@ -280,7 +303,9 @@ impl Backend for CudaBackend {
         self.ctx.bind(call)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: the context is current; both are valid out-pointers.
-        check(call, 0, || unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
         Ok(MemInfo {
             free: free as u64,
             total: total as u64,
@@ -290,12 +315,17 @@ impl Backend for CudaBackend {
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::SegmentAlloc;
         Registry::check_size(call, size, 0)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is current and `ptr` is a valid out-pointer.
-        check(call, size, || unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        check(call, size, || unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes)
+        })?;
         reg.add_segment(ptr, size);
         Ok(ptr)
     }
@@ -315,7 +345,10 @@ impl Backend for CudaBackend {
         let call = CallKind::ReserveRange;
         self.require_virtual_memory(call)?;
         Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let align = self.caps.granularity as usize;
         let mut reg = self.write();
         self.ctx.bind(call)?;
@@ -336,7 +369,9 @@ impl Backend for CudaBackend {
         reg.check_range_release(base, size)?;
         self.ctx.bind(call)?;
         // SAFETY: `base`/`size` is exactly a live reserved range with nothing mapped.
-        check(call, 0, || unsafe { sys::cuMemAddressFree(base, size as usize) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemAddressFree(base, size as usize)
+        })?;
         reg.remove_range(base);
         Ok(())
     }
@@ -345,14 +380,19 @@ impl Backend for CudaBackend {
         let call = CallKind::CreatePage;
         self.require_virtual_memory(call)?;
         Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let prop = driver::page_properties(self.ctx.device());
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: the context is current; `prop` is fully initialised on our stack;
         // `handle` is a valid out-pointer; the size is a granularity multiple.
-        check(call, size, || unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) })?;
+        check(call, size, || unsafe {
+            sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+        })?;
         reg.add_page(PageHandle(handle), size);
         Ok(PageHandle(handle))
     }
@@ -378,13 +418,19 @@ impl Backend for CudaBackend {
         let bytes = size as usize;
         // SAFETY: the whole page fits at an aligned address inside a reserved range
         // with no mapping there (checked); the page is live.
-        check(call, 0, || unsafe { sys::cuMemMap(addr, bytes, 0, page.0, 0) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemMap(addr, bytes, 0, page.0, 0)
+        })?;
         let desc = driver::access_descriptor(self.ctx.device());
         // SAFETY: `addr`/`bytes` is exactly the mapping made above; `desc` is one
         // initialised descriptor on our stack.
-        if let Err(e) = check(call, 0, || unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) }) {
+        if let Err(e) = check(call, 0, || unsafe {
+            sys::cuMemSetAccess(addr, bytes, &desc, 1)
+        }) {
             // SAFETY: undoes the mapping made above, which nothing else knows of.
-            let _ = check(CallKind::Unmap, 0, || unsafe { sys::cuMemUnmap(addr, bytes) });
+            let _ = check(CallKind::Unmap, 0, || unsafe {
+                sys::cuMemUnmap(addr, bytes)
+            });
             return Err(e);
         }
         reg.add_mapping(addr, page, size);
@@ -399,7 +445,9 @@ impl Backend for CudaBackend {
         self.ctx.bind(call)?;
         for m in mappings {
             // SAFETY: `m` is one live mapping of a whole page, as recorded by `map`.
-            check(call, 0, || unsafe { sys::cuMemUnmap(m.addr, m.size as usize) })?;
+            check(call, 0, || unsafe {
+                sys::cuMemUnmap(m.addr, m.size as usize)
+            })?;
             reg.remove_mapping(m);
         }
         Ok(())
@@ -424,7 +472,9 @@ impl Backend for CudaBackend {
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
         // SAFETY: the event is live and created by this backend.
-        check(call, 0, || unsafe { sys::cuEventDestroy_v2(event_handle(event)) })?;
+        check(call, 0, || unsafe {
+            sys::cuEventDestroy_v2(event_handle(event))
+        })?;
         reg.remove_event(event);
         Ok(())
     }
@@ -464,7 +514,9 @@ impl Backend for CudaBackend {
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
         // SAFETY: the event is live (checked; the read lock keeps it so while we wait).
-        check(call, 0, || unsafe { sys::cuEventSynchronize(event_handle(event)) })
+        check(call, 0, || unsafe {
+            sys::cuEventSynchronize(event_handle(event))
+        })
     }
 
     fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
@@ -473,7 +525,9 @@ impl Backend for CudaBackend {
         reg.check_stream(call, stream)?;
         self.ctx.bind(call)?;
         // SAFETY: the stream is known (checked; the read lock keeps it so while we wait).
-        check(call, 0, || unsafe { sys::cuStreamSynchronize(stream_handle(stream)) })
+        check(call, 0, || unsafe {
+            sys::cuStreamSynchronize(stream_handle(stream))
+        })
     }
 
     fn synchronize_device(&self) -> BackendResult<()> {
@@ -489,7 +543,10 @@ impl CudaBackend {
         if self.caps.virtual_memory {
             Ok(())
         } else {
-            Err(BackendError::Unsupported { call, backend: "cuda" })
+            Err(BackendError::Unsupported {
+                call,
+                backend: "cuda",
+            })
         }
     }
 }
@@ -512,7 +569,9 @@ impl Drop for CudaBackend {
             });
         }
         for page in left.pages {
-            let _ = check(CallKind::ReleasePage, 0, || unsafe { sys::cuMemRelease(page.0) });
+            let _ = check(CallKind::ReleasePage, 0, || unsafe {
+                sys::cuMemRelease(page.0)
+            });
         }
         for (base, size) in left.ranges {
             let _ = check(CallKind::ReleaseRange, 0, || unsafe {
@@ -520,7 +579,9 @@ impl Drop for CudaBackend {
             });
         }
         for ptr in left.segments {
-            let _ = check(CallKind::SegmentFree, 0, || unsafe { sys::cuMemFree_v2(ptr) });
+            let _ = check(CallKind::SegmentFree, 0, || unsafe {
+                sys::cuMemFree_v2(ptr)
+            });
         }
         for event in left.events {
             let _ = check(CallKind::DestroyEvent, 0, || unsafe {
@@ -549,7 +610,10 @@ mod tests {
                     Err(BackendError::InvalidAddress { .. })
                 ));
             }
-            Err(e) => assert!(matches!(e, BackendError::Unavailable(_)), "unexpected error: {e}"),
+            Err(e) => assert!(
+                matches!(e, BackendError::Unavailable(_)),
+                "unexpected error: {e}"
+            ),
         }
         assert!(CudaBackend::new(usize::MAX).is_err());
     }
