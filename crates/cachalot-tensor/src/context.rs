@@ -112,8 +112,10 @@ impl DeviceContext {
         Ok(raw)
     }
 
-    /// Tells the CUDA backend that another library may have changed the thread's context.
-    pub(crate) fn after_foreign_binding(&self) {
+    /// Tells the CUDA backend that another library (cudarc, for this crate's copies and
+    /// kernels) may have changed the thread's current context, so its next call binds
+    /// this device's context again. Called before every allocator call.
+    pub(crate) fn rebind_backend(&self) {
         if self.cuda_backend.is_some() {
             CudaBackend::forget_context_binding();
         }
@@ -127,8 +129,8 @@ impl DeviceContext {
         what: String,
         location: &'static Location<'static>,
     ) -> Result<DevicePtr> {
+        self.rebind_backend();
         let ptr = self.allocator.malloc(bytes, stream.id())?;
-        self.after_foreign_binding();
         if ptr == 0 {
             return Ok(ptr);
         }
@@ -157,6 +159,7 @@ impl DeviceContext {
     pub(crate) fn release(&self, ptr: DevicePtr) {
         lock(&self.live).remove(&ptr);
         self.engine.forget(ptr);
+        self.rebind_backend();
         // A failed free means the allocator never handed out this address: a bug in
         // this crate that must not abort a drop; the allocator's state is unchanged.
         let _ = self.allocator.free(ptr);
@@ -220,9 +223,24 @@ impl DeviceContext {
         }
     }
 
-    /// Frees every cached block, after dropping nothing the tensor layer holds.
+    /// Returns every unused cached segment to the device.
     pub(crate) fn empty_cache(&self) -> Result<()> {
+        self.rebind_backend();
         self.allocator.empty_cache().map_err(TensorError::from)
+    }
+
+    /// `record_stream` on one of this device's allocations.
+    pub(crate) fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        self.rebind_backend();
+        self.allocator
+            .record_stream(ptr, stream)
+            .map_err(TensorError::from)
+    }
+
+    /// The device's free and total bytes.
+    pub(crate) fn mem_get_info(&self) -> Result<cachalot::backend::MemInfo> {
+        self.rebind_backend();
+        self.allocator.mem_get_info().map_err(TensorError::from)
     }
 }
 

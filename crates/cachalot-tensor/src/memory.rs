@@ -69,9 +69,7 @@ pub fn empty_cache(ordinal: usize) -> Result<()> {
 /// # Errors
 /// [`TensorError::InvalidDevice`]; driver failures.
 pub fn mem_get_info(ordinal: usize) -> Result<MemInfo> {
-    let ctx = registry::device(ordinal)?;
-    let info = ctx.allocator.mem_get_info()?;
-    Ok(info)
+    registry::device(ordinal)?.mem_get_info()
 }
 
 /// Caps what the device's allocator may reserve at `fraction` of its memory
@@ -128,11 +126,12 @@ pub(crate) fn preallocate(ctx: &DeviceContext, fraction: f64) -> Result<()> {
             format!("preallocation fraction {fraction} is outside [0, 1]"),
         )));
     }
-    let total = ctx.allocator.mem_get_info()?.total;
+    let total = ctx.mem_get_info()?.total;
     const GRAIN: u64 = 2 << 20;
     let bytes = ((total as f64 * fraction) as u64 / GRAIN) * GRAIN;
     ctx.allocator.set_memory_fraction(fraction)?;
     if bytes > 0 {
+        ctx.rebind_backend();
         let ptr = ctx.allocator.malloc(bytes, cachalot::StreamId::DEFAULT)?;
         ctx.allocator.free(ptr)?;
     }

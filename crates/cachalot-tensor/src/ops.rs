@@ -223,7 +223,7 @@ impl Tensor {
                     workspace,
                     cuda_stream(&s)?,
                 )?;
-                ctx.after_foreign_binding();
+                ctx.rebind_backend();
             }
         }
         Ok(out)

@@ -298,8 +298,7 @@ impl Tensor {
         if !Arc::ptr_eq(ctx, &stream.ctx) {
             return Err(TensorError::DeviceMismatch(self.device, stream.device()));
         }
-        ctx.allocator.record_stream(ptr, stream.id())?;
-        Ok(())
+        ctx.record_stream(ptr, stream.id())
     }
 
     /// Dimensions `a` and `b` swapped, sharing storage (`tensor.transpose(a, b)`).
@@ -534,7 +533,7 @@ impl Tensor {
         dst_ctx
             .engine
             .copy_from_peer(dst, &src_ctx.engine, src, self.nbytes(), &stream)?;
-        dst_ctx.after_foreign_binding();
+        dst_ctx.rebind_backend();
         Ok(out)
     }
 }

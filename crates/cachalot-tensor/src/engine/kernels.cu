@@ -8,9 +8,11 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
+__device__ __forceinline__ float bits2f(unsigned u) { float f; asm("{ mov.b32 %0, %1; }" : "=f"(f) : "r"(u)); return f; }
+__device__ __forceinline__ unsigned f2bits(float f) { unsigned u; asm("{ mov.b32 %0, %1; }" : "=r"(u) : "f"(f)); return u; }
+__device__ __forceinline__ float b2f(u16 b) { return bits2f(((unsigned)b) << 16); }
 __device__ __forceinline__ u16 f2b(float f) {
-    unsigned u = __float_as_uint(f);
+    unsigned u = f2bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (u16)(u >> 16);
