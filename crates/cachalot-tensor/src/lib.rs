@@ -42,6 +42,7 @@ pub mod registry;
 mod storage;
 pub mod stream;
 mod tensor;
+mod transfer;
 
 pub use context::LiveAllocation;
 pub use device::{

@@ -141,6 +141,18 @@ impl Registry {
         }))
     }
 
+    /// A registry with no devices that answers every device request with `error`:
+    /// what the process-wide registry becomes when the environment is malformed.
+    fn failed(error: TensorError) -> Arc<Registry> {
+        Arc::new(Registry {
+            options: Options::default(),
+            simulated: true,
+            devices: Vec::new(),
+            pinned: Arc::new(PinnedCache::default()),
+            init_error: Some(error),
+        })
+    }
+
     /// Number of devices.
     pub fn device_count(&self) -> usize {
         self.devices.len()
@@ -242,21 +254,9 @@ pub fn configure(options: Options) -> Result<()> {
 fn global() -> Arc<Registry> {
     GLOBAL
         .get_or_init(|| {
-            let made = Options::from_env().and_then(Registry::new);
-            made.unwrap_or_else(|e| {
-                let mut fallback = Registry::new(Options::sim(AllocatorConfig::default()))
-                    .ok()
-                    .and_then(|r| Arc::try_unwrap(r).ok())
-                    .unwrap_or_else(|| Registry {
-                        options: Options::default(),
-                        simulated: true,
-                        devices: Vec::new(),
-                        pinned: Arc::new(PinnedCache::default()),
-                        init_error: None,
-                    });
-                fallback.init_error = Some(e);
-                Arc::new(fallback)
-            })
+            Options::from_env()
+                .and_then(Registry::new)
+                .unwrap_or_else(Registry::failed)
         })
         .clone()
 }
