@@ -35,6 +35,15 @@ pub struct LiveAllocation {
     pub internal: bool,
 }
 
+/// Side streams per device, as in PyTorch's stream pool.
+pub(crate) const SIDE_STREAMS: usize = 32;
+
+#[derive(Debug, Default)]
+struct StreamPool {
+    streams: Vec<RawStream>,
+    next: usize,
+}
+
 /// The per-device state.
 #[derive(Debug)]
 pub(crate) struct DeviceContext {
@@ -46,6 +55,7 @@ pub(crate) struct DeviceContext {
     live: Mutex<BTreeMap<DevicePtr, LiveAllocation>>,
     next_seq: Mutex<u64>,
     workspaces: Mutex<HashMap<StreamId, DevicePtr>>,
+    side_streams: Mutex<StreamPool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,18 +107,29 @@ impl DeviceContext {
             live: Mutex::new(BTreeMap::new()),
             next_seq: Mutex::new(0),
             workspaces: Mutex::new(HashMap::new()),
+            side_streams: Mutex::new(StreamPool::default()),
         }
     }
 
-    /// A new side stream, registered with the backend so the allocator accepts it.
+    /// A side stream from the device's pool: the first [`SIDE_STREAMS`] requests create
+    /// streams (registered with the backend, so the allocator accepts them), later ones
+    /// hand them out again round-robin, as PyTorch's `torch.cuda.Stream()` does. Pooled
+    /// streams live as long as the device.
     pub(crate) fn new_stream(&self) -> Result<RawStream> {
-        let raw = self.engine.new_stream()?;
-        if let Some(backend) = &self.cuda_backend {
-            // SAFETY: the stream was just created in this device's primary context by
-            // the engine; the Arc<CudaStream> inside `raw` keeps it live, and every
-            // RawStream clone is dropped before the device context (which owns the backend).
-            unsafe { backend.register_stream(raw.id()) };
+        let mut pool = lock(&self.side_streams);
+        if pool.streams.len() < SIDE_STREAMS {
+            let raw = self.engine.new_stream()?;
+            if let Some(backend) = &self.cuda_backend {
+                // SAFETY: the stream was just created in this device's primary context by
+                // the engine, and the pool keeps it live for as long as this context, which
+                // holds the backend.
+                unsafe { backend.register_stream(raw.id()) };
+            }
+            pool.streams.push(raw.clone());
+            return Ok(raw);
         }
+        let raw = pool.streams[pool.next % SIDE_STREAMS].clone();
+        pool.next += 1;
         Ok(raw)
     }
 

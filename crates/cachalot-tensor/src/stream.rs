@@ -52,7 +52,9 @@ pub(crate) fn current_raw(ctx: &Arc<DeviceContext>) -> RawStream {
 }
 
 impl Stream {
-    /// A new side stream on CUDA device `ordinal` (`torch.cuda.Stream(device)`).
+    /// A side stream on CUDA device `ordinal` (`torch.cuda.Stream(device)`): like
+    /// PyTorch, each device has a pool of 32 side streams, created on demand and then
+    /// handed out again round-robin.
     ///
     /// # Errors
     /// [`TensorError::InvalidDevice`]; driver failures.

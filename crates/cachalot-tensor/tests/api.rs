@@ -157,6 +157,12 @@ fn streams_guards_events_and_record_stream() -> Result<(), TensorError> {
     let default = Stream::default_stream(0)?;
     let side = Stream::new(0)?;
     assert_ne!(side, default);
+    let pool: Vec<Stream> = (0..32).map(|_| Stream::new(0)).collect::<Result<_, _>>()?;
+    assert_eq!(
+        pool[31], side,
+        "32 side streams per device, then round-robin"
+    );
+    assert!(pool[..31].iter().all(|s| *s != side));
     assert_eq!(Stream::current(0)?, default);
     let t = {
         let _g = side.enter();
