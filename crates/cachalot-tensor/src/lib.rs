@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use cachalot_tensor::{memory, DType, Device, Tensor};
-//! # let reg = cachalot_tensor::Registry::new(cachalot_tensor::Options::sim(Default::default())).unwrap();
+//! # let reg = cachalot_tensor::Registry::new(cachalot_tensor::Options::sim(Default::default()))?;
 //! # let _g = reg.enter();
 //! let x = Tensor::ones(&[1000, 1000], DType::F32, Device::Cuda(0))?;
 //! let y = x.add_scalar(1.0)?;

@@ -5,7 +5,7 @@
 
 use std::panic::Location;
 
-use crate::engine::Engine;
+use crate::engine::{cuda_stream, Engine};
 use crate::error::{Result, TensorError};
 use crate::host_ops::{self, BinaryOp};
 use crate::layout::Layout;
@@ -227,17 +227,6 @@ impl Tensor {
             }
         }
         Ok(out)
-    }
-}
-
-fn cuda_stream(
-    s: &crate::engine::RawStream,
-) -> Result<&std::sync::Arc<cudarc::driver::CudaStream>> {
-    match s {
-        crate::engine::RawStream::Cuda(s) => Ok(s),
-        crate::engine::RawStream::Sim(_) => Err(TensorError::Unsupported(
-            "a simulated stream on a CUDA device".into(),
-        )),
     }
 }
 

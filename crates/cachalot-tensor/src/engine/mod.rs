@@ -56,7 +56,7 @@ pub(crate) enum RawEvent {
     Cuda(CudaEvent),
 }
 
-fn cuda_stream(s: &RawStream) -> Result<&Arc<CudaStream>> {
+pub(crate) fn cuda_stream(s: &RawStream) -> Result<&Arc<CudaStream>> {
     match s {
         RawStream::Cuda(s) => Ok(s),
         RawStream::Sim(_) => Err(TensorError::Unsupported(
