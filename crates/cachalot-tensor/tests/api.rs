@@ -16,6 +16,32 @@ fn sim() -> RegistryGuard {
 }
 
 #[test]
+fn handles_cross_threads_and_current_streams_are_per_thread() -> Result<(), TensorError> {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tensor>();
+    send_sync::<Stream>();
+    send_sync::<cachalot_tensor::Event>();
+    let reg = Registry::new(Options::sim(AllocatorConfig::default()))?;
+    let _r = reg.enter();
+    let side = Stream::new(0)?;
+    let _g = side.enter();
+    let t = Tensor::ones(&[16], DType::F32, CUDA)?;
+    let other = std::thread::spawn(move || -> Result<bool, TensorError> {
+        let _r = reg.enter();
+        let doubled = t.mul_scalar(2.0)?;
+        Ok(Stream::current(0)? == Stream::default_stream(0)?
+            && doubled.to_vec::<f32>()? == vec![2.0; 16])
+    });
+    assert_eq!(
+        other.join().ok(),
+        Some(Ok(true)),
+        "the spawned thread starts on the default stream"
+    );
+    assert_eq!(Stream::current(0)?, side);
+    Ok(())
+}
+
+#[test]
 fn data_round_trips_through_the_device() -> Result<(), TensorError> {
     let _r = sim();
     let t = Tensor::from_vec(vec![1.5f32, -2.0, 3.25, 4.0, 5.0, 6.0], &[2, 3], CUDA)?;
