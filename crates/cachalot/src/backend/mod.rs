@@ -30,6 +30,7 @@
 //! * Every method is callable from any thread (`Send + Sync`).
 //! * No method panics on bad input: misuse is an error value.
 
+pub mod cuda;
 pub mod sim;
 
 use std::fmt;

@@ -1,0 +1,556 @@
+//! The CUDA backend: a real GPU through the CUDA driver API (cudarc's `sys` layer,
+//! loaded at run time).
+//!
+//! * Segments are `cuMemAlloc`/`cuMemFree`; virtual memory is `cuMemAddressReserve`,
+//!   `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`,
+//!   `cuMemAddressFree`, with pages of the device's minimum granularity.
+//! * Each backend serves one device through that device's primary context, made
+//!   current on the calling thread before each call (once per thread, remembered).
+//!   Several backends, one per device, give several devices.
+//! * Stream ids are raw `CUstream` handles. Work may be queued on the default
+//!   stream, on streams made by [`CudaBackend::create_stream`], and on streams the
+//!   caller registered with [`CudaBackend::register_stream`]; any other id is an
+//!   error, never a handle passed to the driver.
+//! * Every segment, range, mapping, page and event handed out is remembered, and a
+//!   call naming one that is not live is rejected before the driver sees it.
+//! * On a machine without the driver or without a GPU, [`CudaBackend::new`] returns
+//!   [`BackendError::Unavailable`]; nothing here panics.
+//!
+//! The inherent helpers beyond the [`Backend`] trait (streams, fills, copies, a
+//! stream delay) serve tests, benchmarks and the tensor layer.
+
+mod driver;
+mod registry;
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use cudarc::driver::sys::{self, CUresult};
+
+use self::driver::{check, Context};
+use self::registry::Registry;
+use super::{
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+};
+
+/// One GPU, driven through the CUDA driver. See the module docs.
+pub struct CudaBackend {
+    caps: Capabilities,
+    ctx: Context,
+    registry: RwLock<Registry>,
+}
+
+impl fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("caps", &self.caps)
+            .finish_non_exhaustive()
+    }
+}
+
+fn stream_handle(stream: StreamId) -> sys::CUstream {
+    stream.0 as usize as sys::CUstream
+}
+
+fn event_handle(event: EventId) -> sys::CUevent {
+    event.0 as usize as sys::CUevent
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] when the driver library is missing, sees no GPU
+    /// or no device of that ordinal; [`BackendError::Device`] when it fails.
+    pub fn new(ordinal: usize) -> BackendResult<CudaBackend> {
+        let ctx = Context::retain(ordinal)?;
+        ctx.bind(CallKind::MemInfo)?;
+        let device = ctx.device();
+        let virtual_memory = driver::supports_virtual_memory(device)?;
+        let caps = Capabilities {
+            name: driver::device_name(device)?,
+            device: ordinal,
+            total_memory: driver::total_memory(device)?,
+            virtual_memory,
+            granularity: if virtual_memory {
+                driver::granularity(device)?
+            } else {
+                0
+            },
+        };
+        Ok(CudaBackend {
+            caps,
+            ctx,
+            registry: RwLock::new(Registry::default()),
+        })
+    }
+
+    /// The number of GPUs the driver sees.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] without a driver.
+    pub fn device_count() -> BackendResult<usize> {
+        driver::device_count()
+    }
+
+    /// The CUDA version the driver supports, as `(major, minor)`.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] without a driver.
+    pub fn driver_version() -> BackendResult<(u32, u32)> {
+        driver::driver_version()
+    }
+
+    /// Makes the next call on this thread bind the device's context again: call it
+    /// after code outside cachalot changed the thread's current context.
+    pub fn forget_context_binding() {
+        Context::forget_binding();
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        // The registry is only changed after a driver call succeeded, in one step,
+        // so a panic elsewhere cannot leave it half-updated: recover the guard.
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes in live segments and pages obtained through this backend.
+    pub fn live_bytes(&self) -> u64 {
+        self.read().live_bytes()
+    }
+
+    /// Creates a stream that does not synchronise with the default stream.
+    ///
+    /// # Errors
+    /// [`BackendError::Device`] on driver failure.
+    pub fn create_stream(&self) -> BackendResult<StreamId> {
+        let call = CallKind::SynchronizeStream;
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: the context is current and `raw` is a valid out-pointer.
+        check(call, 0, || unsafe { sys::cuStreamCreate(&mut raw, flags) })?;
+        let stream = StreamId(raw as usize as u64);
+        reg.add_stream(stream, true);
+        Ok(stream)
+    }
+
+    /// Destroys a stream made by [`CudaBackend::create_stream`] (queued work still
+    /// completes).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for a stream this backend did not create.
+    pub fn destroy_stream(&self, stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let mut reg = self.write();
+        reg.take_own_stream(stream)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the stream was created by this backend and was live until the line
+        // above forgot it; nothing else destroys it.
+        check(call, 0, || unsafe { sys::cuStreamDestroy_v2(stream_handle(stream)) })
+    }
+
+    /// Lets work be queued on a stream created outside this backend (by PyTorch, say).
+    ///
+    /// # Safety
+    /// `stream` must be a live `CUstream` of this device's primary context, and stay
+    /// live until [`CudaBackend::unregister_stream`] or the backend's drop.
+    pub unsafe fn register_stream(&self, stream: StreamId) {
+        self.write().add_stream(stream, false);
+    }
+
+    /// Forgets a stream registered with [`CudaBackend::register_stream`]; whether it
+    /// was registered.
+    pub fn unregister_stream(&self, stream: StreamId) -> bool {
+        self.write().remove_foreign_stream(stream)
+    }
+
+    /// Queues a fill of `count` 32-bit words of `value` from `ptr` on `stream`.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidArgument`] when the words are not all inside live
+    /// device memory of this backend or `ptr` is not 4-byte aligned;
+    /// [`BackendError::InvalidAddress`] for an unknown stream.
+    pub fn fill_u32(&self, ptr: DevicePtr, value: u32, count: u64, stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let reg = self.read();
+        if ptr % 4 != 0 {
+            return Err(BackendError::InvalidArgument {
+                call,
+                reason: format!("{ptr:#x} is not 4-byte aligned"),
+            });
+        }
+        reg.check_accessible(call, ptr, count.saturating_mul(4))?;
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        let n = usize::try_from(count).map_err(|_| BackendError::InvalidArgument {
+            call,
+            reason: "too many words".into(),
+        })?;
+        // SAFETY: the words lie inside live memory of this context (checked above, and
+        // the read lock keeps it live while the fill is queued); the stream is known.
+        check(call, 0, || unsafe {
+            sys::cuMemsetD32Async(ptr, value, n, stream_handle(stream))
+        })
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` into `dst`, ordered after the
+    /// work queued on `stream`, and waits for the copy.
+    ///
+    /// # Errors
+    /// As for [`CudaBackend::fill_u32`].
+    pub fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8], stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let reg = self.read();
+        reg.check_accessible(call, src, dst.len() as u64)?;
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        let s = stream_handle(stream);
+        // SAFETY: the source lies inside live device memory (checked, and kept live by
+        // the read lock); `dst` is a writable host buffer of exactly that length that
+        // outlives the copy, because we synchronise the stream before returning.
+        check(call, 0, || unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), s)
+        })?;
+        // SAFETY: the stream is known to this backend.
+        check(call, 0, || unsafe { sys::cuStreamSynchronize(s) })
+    }
+
+    /// Copies `src` to device address `dst`, ordered after the work queued on
+    /// `stream`, and waits for the copy.
+    ///
+    /// # Errors
+    /// As for [`CudaBackend::fill_u32`].
+    pub fn copy_from_host(&self, src: &[u8], dst: DevicePtr, stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let reg = self.read();
+        reg.check_accessible(call, dst, src.len() as u64)?;
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        let s = stream_handle(stream);
+        // SAFETY: the destination lies inside live device memory (checked, kept live by
+        // the read lock); `src` outlives the copy because we synchronise before return.
+        check(call, 0, || unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), s)
+        })?;
+        // SAFETY: the stream is known to this backend.
+        check(call, 0, || unsafe { sys::cuStreamSynchronize(s) })
+    }
+
+    /// Holds `stream` busy for `delay` (at most about 71 minutes): work queued on it
+    /// afterwards starts only once the delay has passed. For tests of frees with work
+    /// still running on another stream.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown stream.
+    pub fn delay_stream(&self, stream: StreamId, delay: Duration) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let reg = self.read();
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        let micros = usize::try_from(delay.as_micros()).unwrap_or(usize::MAX);
+        // SAFETY: `sleep_host` is a plain function that calls no CUDA function; its
+        // argument is a number smuggled in the pointer, never dereferenced. The
+        // stream is known to this backend.
+        check(call, 0, || unsafe {
+            sys::cuLaunchHostFunc(stream_handle(stream), Some(sleep_host), micros as *mut c_void)
+        })
+    }
+}
+
+/// Host function queued by [`CudaBackend::delay_stream`]: sleeps for the number of
+/// microseconds carried in `micros`.
+unsafe extern "C" fn sleep_host(micros: *mut c_void) {
+    std::thread::sleep(Duration::from_micros(micros as usize as u64));
+}
+
+impl Backend for CudaBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn mem_info(&self) -> BackendResult<MemInfo> {
+        let call = CallKind::MemInfo;
+        self.ctx.bind(call)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the context is current; both are valid out-pointers.
+        check(call, 0, || unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+        let call = CallKind::SegmentAlloc;
+        Registry::check_size(call, size, 0)?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current and `ptr` is a valid out-pointer.
+        check(call, size, || unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        reg.add_segment(ptr, size);
+        Ok(ptr)
+    }
+
+    fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let call = CallKind::SegmentFree;
+        let mut reg = self.write();
+        reg.check_segment(ptr)?;
+        self.ctx.bind(call)?;
+        // SAFETY: `ptr` is the base of a live segment this backend allocated.
+        check(call, 0, || unsafe { sys::cuMemFree_v2(ptr) })?;
+        reg.remove_segment(ptr);
+        Ok(())
+    }
+
+    fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
+        let call = CallKind::ReserveRange;
+        self.require_virtual_memory(call)?;
+        Registry::check_size(call, size, self.caps.granularity)?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let align = self.caps.granularity as usize;
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current; `base` is a valid out-pointer; no fixed
+        // address is asked for (0) and no flags.
+        check(call, size, || unsafe {
+            sys::cuMemAddressReserve(&mut base, bytes, align, 0, 0)
+        })?;
+        reg.add_range(base, size);
+        Ok(base)
+    }
+
+    fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
+        let call = CallKind::ReleaseRange;
+        self.require_virtual_memory(call)?;
+        let mut reg = self.write();
+        reg.check_range_release(base, size)?;
+        self.ctx.bind(call)?;
+        // SAFETY: `base`/`size` is exactly a live reserved range with nothing mapped.
+        check(call, 0, || unsafe { sys::cuMemAddressFree(base, size as usize) })?;
+        reg.remove_range(base);
+        Ok(())
+    }
+
+    fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
+        let call = CallKind::CreatePage;
+        self.require_virtual_memory(call)?;
+        Registry::check_size(call, size, self.caps.granularity)?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let prop = driver::page_properties(self.ctx.device());
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: the context is current; `prop` is fully initialised on our stack;
+        // `handle` is a valid out-pointer; the size is a granularity multiple.
+        check(call, size, || unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) })?;
+        reg.add_page(PageHandle(handle), size);
+        Ok(PageHandle(handle))
+    }
+
+    fn release_page(&self, page: PageHandle) -> BackendResult<()> {
+        let call = CallKind::ReleasePage;
+        self.require_virtual_memory(call)?;
+        let mut reg = self.write();
+        reg.check_page_release(page)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the page is live and mapped nowhere.
+        check(call, 0, || unsafe { sys::cuMemRelease(page.0) })?;
+        reg.remove_page(page);
+        Ok(())
+    }
+
+    fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
+        let call = CallKind::Map;
+        self.require_virtual_memory(call)?;
+        let mut reg = self.write();
+        let size = reg.check_map(addr, page, self.caps.granularity)?;
+        self.ctx.bind(call)?;
+        let bytes = size as usize;
+        // SAFETY: the whole page fits at an aligned address inside a reserved range
+        // with no mapping there (checked); the page is live.
+        check(call, 0, || unsafe { sys::cuMemMap(addr, bytes, 0, page.0, 0) })?;
+        let desc = driver::access_descriptor(self.ctx.device());
+        // SAFETY: `addr`/`bytes` is exactly the mapping made above; `desc` is one
+        // initialised descriptor on our stack.
+        if let Err(e) = check(call, 0, || unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) }) {
+            // SAFETY: undoes the mapping made above, which nothing else knows of.
+            let _ = check(CallKind::Unmap, 0, || unsafe { sys::cuMemUnmap(addr, bytes) });
+            return Err(e);
+        }
+        reg.add_mapping(addr, page, size);
+        Ok(())
+    }
+
+    fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
+        let call = CallKind::Unmap;
+        self.require_virtual_memory(call)?;
+        let mut reg = self.write();
+        let mappings = reg.check_unmap(addr, size)?;
+        self.ctx.bind(call)?;
+        for m in mappings {
+            // SAFETY: `m` is one live mapping of a whole page, as recorded by `map`.
+            check(call, 0, || unsafe { sys::cuMemUnmap(m.addr, m.size as usize) })?;
+            reg.remove_mapping(m);
+        }
+        Ok(())
+    }
+
+    fn create_event(&self) -> BackendResult<EventId> {
+        let call = CallKind::CreateEvent;
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: the context is current and `raw` is a valid out-pointer.
+        check(call, 0, || unsafe { sys::cuEventCreate(&mut raw, flags) })?;
+        let event = EventId(raw as usize as u64);
+        reg.add_event(event);
+        Ok(event)
+    }
+
+    fn destroy_event(&self, event: EventId) -> BackendResult<()> {
+        let call = CallKind::DestroyEvent;
+        let mut reg = self.write();
+        reg.check_event(call, event)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the event is live and created by this backend.
+        check(call, 0, || unsafe { sys::cuEventDestroy_v2(event_handle(event)) })?;
+        reg.remove_event(event);
+        Ok(())
+    }
+
+    fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::RecordEvent;
+        let reg = self.read();
+        reg.check_event(call, event)?;
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        // SAFETY: event and stream are live and belong to this context; the read lock
+        // keeps them so during the call.
+        check(call, 0, || unsafe {
+            sys::cuEventRecord(event_handle(event), stream_handle(stream))
+        })
+    }
+
+    fn query_event(&self, event: EventId) -> BackendResult<bool> {
+        let call = CallKind::QueryEvent;
+        let reg = self.read();
+        reg.check_event(call, event)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the event is live (checked; kept so by the read lock).
+        match driver::raw(call, || unsafe { sys::cuEventQuery(event_handle(event)) })? {
+            CUresult::CUDA_SUCCESS => Ok(true),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(BackendError::Device {
+                call,
+                message: driver::error_name(code),
+            }),
+        }
+    }
+
+    fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeEvent;
+        let reg = self.read();
+        reg.check_event(call, event)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the event is live (checked; the read lock keeps it so while we wait).
+        check(call, 0, || unsafe { sys::cuEventSynchronize(event_handle(event)) })
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
+        let call = CallKind::SynchronizeStream;
+        let reg = self.read();
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the stream is known (checked; the read lock keeps it so while we wait).
+        check(call, 0, || unsafe { sys::cuStreamSynchronize(stream_handle(stream)) })
+    }
+
+    fn synchronize_device(&self) -> BackendResult<()> {
+        let call = CallKind::SynchronizeDevice;
+        self.ctx.bind(call)?;
+        // SAFETY: the context is current; the call takes no arguments.
+        check(call, 0, || unsafe { sys::cuCtxSynchronize() })
+    }
+}
+
+impl CudaBackend {
+    fn require_virtual_memory(&self, call: CallKind) -> BackendResult<()> {
+        if self.caps.virtual_memory {
+            Ok(())
+        } else {
+            Err(BackendError::Unsupported { call, backend: "cuda" })
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    /// Waits for the device, then returns whatever is still live to the driver, so a
+    /// dropped backend leaks nothing. Errors cannot be reported from here.
+    fn drop(&mut self) {
+        if self.ctx.bind(CallKind::SynchronizeDevice).is_err() {
+            return;
+        }
+        let _ = self.synchronize_device();
+        let left = self.write().drain();
+        // SAFETY (each call below): every handle comes from the registry, so it is
+        // live and was made by this backend in this context, and each is released
+        // once, mappings before pages and ranges, as the driver requires.
+        for m in left.mappings {
+            let _ = check(CallKind::Unmap, 0, || unsafe {
+                sys::cuMemUnmap(m.addr, m.size as usize)
+            });
+        }
+        for page in left.pages {
+            let _ = check(CallKind::ReleasePage, 0, || unsafe { sys::cuMemRelease(page.0) });
+        }
+        for (base, size) in left.ranges {
+            let _ = check(CallKind::ReleaseRange, 0, || unsafe {
+                sys::cuMemAddressFree(base, size as usize)
+            });
+        }
+        for ptr in left.segments {
+            let _ = check(CallKind::SegmentFree, 0, || unsafe { sys::cuMemFree_v2(ptr) });
+        }
+        for event in left.events {
+            let _ = check(CallKind::DestroyEvent, 0, || unsafe {
+                sys::cuEventDestroy_v2(event_handle(event))
+            });
+        }
+        for stream in left.streams {
+            let _ = check(CallKind::SynchronizeStream, 0, || unsafe {
+                sys::cuStreamDestroy_v2(stream_handle(stream))
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_never_panics_and_reports_unavailability() {
+        match CudaBackend::new(0) {
+            Ok(gpu) => {
+                assert!(gpu.capabilities().total_memory > 0);
+                assert!(matches!(
+                    gpu.free_segment(0x1234),
+                    Err(BackendError::InvalidAddress { .. })
+                ));
+            }
+            Err(e) => assert!(matches!(e, BackendError::Unavailable(_)), "unexpected error: {e}"),
+        }
+        assert!(CudaBackend::new(usize::MAX).is_err());
+    }
+}
