@@ -51,7 +51,11 @@ impl FromStr for PolicyKind {
         match s {
             "pytorch" => Ok(PolicyKind::Pytorch),
             "cachalot" => Ok(PolicyKind::Cachalot),
-            _ => Err(ConfigError::bad("policy", s, "expected `pytorch` or `cachalot`")),
+            _ => Err(ConfigError::bad(
+                "policy",
+                s,
+                "expected `pytorch` or `cachalot`",
+            )),
         }
     }
 }
@@ -79,7 +83,11 @@ pub enum ConfigError {
 
 impl ConfigError {
     fn bad(key: &str, value: &str, reason: &str) -> ConfigError {
-        ConfigError::BadValue { key: key.into(), value: value.into(), reason: reason.into() }
+        ConfigError::BadValue {
+            key: key.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -155,10 +163,15 @@ impl AllocatorConfig {
     /// # Errors
     /// [`ConfigError`] naming the first unknown key or bad value.
     pub fn parse(s: &str) -> Result<AllocatorConfig, ConfigError> {
-        let mut cfg = AllocatorConfig { source: s.to_string(), ..AllocatorConfig::default() };
+        let mut cfg = AllocatorConfig {
+            source: s.to_string(),
+            ..AllocatorConfig::default()
+        };
         let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         for item in split_top_level(&compact)? {
-            let (key, value) = item.split_once(':').ok_or_else(|| ConfigError::Syntax(item.into()))?;
+            let (key, value) = item
+                .split_once(':')
+                .ok_or_else(|| ConfigError::Syntax(item.into()))?;
             cfg.set(key, value)?;
         }
         Ok(cfg)
@@ -174,7 +187,9 @@ impl AllocatorConfig {
             "backend" if value == "native" => {}
             "backend" => return Err(ConfigError::bad(key, value, "only `native` is provided")),
             "max_split_size_mb" => self.max_split_size = Some(parse_mb_at_least_20(key, value)?),
-            "max_non_split_rounding_mb" => self.max_non_split_rounding = parse_mb_at_least_20(key, value)?,
+            "max_non_split_rounding_mb" => {
+                self.max_non_split_rounding = parse_mb_at_least_20(key, value)?
+            }
             "roundup_power2_divisions" => self.roundup_power2_divisions = parse_divisions(value)?,
             "garbage_collection_threshold" => {
                 let t = parse_f64(key, value)?;
@@ -191,16 +206,26 @@ impl AllocatorConfig {
                 self.per_process_memory_fraction = f;
             }
             "expandable_segments" => self.expandable_segments = parse_bool(key, value)?,
-            "release_lock_on_cudamalloc" => self.release_lock_on_cudamalloc = parse_bool(key, value)?,
-            "pinned_use_cuda_host_register" => self.pinned_use_cuda_host_register = parse_bool(key, value)?,
-            "pinned_use_background_threads" => self.pinned_use_background_threads = parse_bool(key, value)?,
+            "release_lock_on_cudamalloc" => {
+                self.release_lock_on_cudamalloc = parse_bool(key, value)?
+            }
+            "pinned_use_cuda_host_register" => {
+                self.pinned_use_cuda_host_register = parse_bool(key, value)?
+            }
+            "pinned_use_background_threads" => {
+                self.pinned_use_background_threads = parse_bool(key, value)?
+            }
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = parse_bool(key, value)?
             }
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
                 if !n.is_power_of_two() || n > 128 {
-                    return Err(ConfigError::bad(key, value, "must be a power of 2 no larger than 128"));
+                    return Err(ConfigError::bad(
+                        key,
+                        value,
+                        "must be a power of 2 no larger than 128",
+                    ));
                 }
                 self.pinned_num_register_threads = n;
             }
@@ -252,11 +277,15 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
 }
 
 fn parse_u64(key: &str, value: &str) -> Result<u64, ConfigError> {
-    value.parse().map_err(|_| ConfigError::bad(key, value, "expected a non-negative integer"))
+    value
+        .parse()
+        .map_err(|_| ConfigError::bad(key, value, "expected a non-negative integer"))
 }
 
 fn parse_f64(key: &str, value: &str) -> Result<f64, ConfigError> {
-    value.parse().map_err(|_| ConfigError::bad(key, value, "expected a number"))
+    value
+        .parse()
+        .map_err(|_| ConfigError::bad(key, value, "expected a number"))
 }
 
 fn parse_mb_at_least_20(key: &str, value: &str) -> Result<u64, ConfigError> {
@@ -264,14 +293,19 @@ fn parse_mb_at_least_20(key: &str, value: &str) -> Result<u64, ConfigError> {
     if mb < 20 {
         return Err(ConfigError::bad(key, value, "must be at least 20 (MiB)"));
     }
-    mb.checked_mul(MIB).ok_or_else(|| ConfigError::bad(key, value, "too large"))
+    mb.checked_mul(MIB)
+        .ok_or_else(|| ConfigError::bad(key, value, "too large"))
 }
 
 fn parse_division_value(value: &str) -> Result<u64, ConfigError> {
     let key = "roundup_power2_divisions";
     let v = parse_u64(key, value)?;
     if v != 0 && !v.is_power_of_two() {
-        return Err(ConfigError::bad(key, value, "divisions must be a power of 2 or 0"));
+        return Err(ConfigError::bad(
+            key,
+            value,
+            "divisions must be a power of 2 or 0",
+        ));
     }
     Ok(v)
 }
@@ -288,8 +322,9 @@ fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_BUCKETS], ConfigError> {
     let mut out = [0u64; ROUNDUP_BUCKETS];
     let mut last: Option<usize> = None;
     for pair in list.split(',').filter(|p| !p.is_empty()) {
-        let (interval, divs) =
-            pair.split_once(':').ok_or_else(|| ConfigError::bad(key, pair, "expected interval:divisions"))?;
+        let (interval, divs) = pair
+            .split_once(':')
+            .ok_or_else(|| ConfigError::bad(key, pair, "expected interval:divisions"))?;
         let divs = parse_division_value(divs)?;
         if interval == ">" {
             let from = last.map_or(0, |l| l + 1);
@@ -298,7 +333,11 @@ fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_BUCKETS], ConfigError> {
         }
         let mb = parse_u64(key, interval)?;
         if !mb.is_power_of_two() {
-            return Err(ConfigError::bad(key, interval, "intervals must be powers of 2 (MiB)"));
+            return Err(ConfigError::bad(
+                key,
+                interval,
+                "intervals must be powers of 2 (MiB)",
+            ));
         }
         let index = (63 - mb.leading_zeros() as usize).min(ROUNDUP_BUCKETS - 1);
         if last.is_none() {
@@ -335,7 +374,8 @@ mod tests {
 
     #[test]
     fn parses_division_lists() {
-        let c = AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
+        let c =
+            AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
         let d = c.roundup_power2_divisions;
         assert_eq!(d[0], 1);
         assert_eq!(d[8], 1);

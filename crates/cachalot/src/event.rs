@@ -76,7 +76,10 @@ impl fmt::Display for Action {
 impl FromStr for Action {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Action::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| format!("unknown action '{s}'"))
+        Action::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| format!("unknown action '{s}'"))
     }
 }
 

@@ -50,8 +50,11 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod history;
+pub mod report;
 pub mod snapshot;
 pub mod stats;
+pub mod summary;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};

@@ -141,7 +141,8 @@ impl StatArray {
 
     fn export(&self, name: &str, out: &mut BTreeMap<String, i64>) {
         for pool in [StatPool::All, StatPool::Small, StatPool::Large] {
-            self.get(pool).export(&format!("{name}.{}", pool.key()), out);
+            self.get(pool)
+                .export(&format!("{name}.{}", pool.key()), out);
         }
     }
 }
@@ -279,7 +280,15 @@ mod tests {
         s.increase(10);
         s.decrease(4);
         s.increase(2);
-        assert_eq!(s, Stat { current: 8, peak: 10, allocated: 12, freed: 4 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 8,
+                peak: 10,
+                allocated: 12,
+                freed: 4
+            }
+        );
         s.reset_peak();
         assert_eq!(s.peak, 8);
         s.reset_accumulated();

@@ -42,7 +42,9 @@ use thiserror::Error;
 pub type DevicePtr = u64;
 
 /// A stream, by its opaque id. `StreamId(0)` is the default stream.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct StreamId(pub u64);
 

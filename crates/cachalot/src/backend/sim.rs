@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::{
-    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
+    PageHandle, StreamId,
 };
 
 /// The first address the simulated device hands out.
@@ -59,7 +60,11 @@ impl SimCounters {
 
     /// Costly memory calls (see [`CallKind::is_memory_call`]).
     pub fn memory_calls(&self) -> u64 {
-        self.calls.iter().filter(|(k, _)| k.is_memory_call()).map(|(_, n)| n).sum()
+        self.calls
+            .iter()
+            .filter(|(k, _)| k.is_memory_call())
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -115,8 +120,15 @@ impl SimBackend {
             virtual_memory,
             granularity: if virtual_memory { SIM_GRANULARITY } else { 0 },
         };
-        let state = State { next_address: SIM_BASE_ADDRESS, next_handle: 1, ..State::default() };
-        SimBackend { caps, state: Mutex::new(state) }
+        let state = State {
+            next_address: SIM_BASE_ADDRESS,
+            next_handle: 1,
+            ..State::default()
+        };
+        SimBackend {
+            caps,
+            state: Mutex::new(state),
+        }
     }
 
     /// A device the size of an H100 80GB (85,017,493,504 bytes), as PyTorch saw it.
@@ -215,8 +227,14 @@ impl State {
             Some(f) => {
                 self.counters.injected += 1;
                 Err(match f {
-                    Fault::OutOfMemory => BackendError::OutOfMemory { call: kind, requested },
-                    Fault::DeviceError => BackendError::Device { call: kind, message: format!("injected fault on call {n}") },
+                    Fault::OutOfMemory => BackendError::OutOfMemory {
+                        call: kind,
+                        requested,
+                    },
+                    Fault::DeviceError => BackendError::Device {
+                        call: kind,
+                        message: format!("injected fault on call {n}"),
+                    },
                 })
             }
         }
@@ -230,11 +248,17 @@ impl State {
     fn take_memory(&mut self, kind: CallKind, size: u64, capacity: u64) -> BackendResult<()> {
         let after = self.counters.used.checked_add(size);
         if after.is_none_or(|a| a > capacity) {
-            return Err(BackendError::OutOfMemory { call: kind, requested: size });
+            return Err(BackendError::OutOfMemory {
+                call: kind,
+                requested: size,
+            });
         }
         if self.watermark.is_some_and(|w| after.is_some_and(|a| a > w)) {
             self.counters.injected += 1;
-            return Err(BackendError::OutOfMemory { call: kind, requested: size });
+            return Err(BackendError::OutOfMemory {
+                call: kind,
+                requested: size,
+            });
         }
         self.counters.used += size;
         self.counters.peak_used = self.counters.peak_used.max(self.counters.used);
@@ -252,7 +276,11 @@ impl State {
 
     fn event(&mut self, kind: CallKind, event: EventId) -> BackendResult<&mut Event> {
         if !self.events.contains_key(&event) {
-            return Err(self.misuse(BackendError::InvalidAddress { call: kind, what: "event", value: event.0 }));
+            return Err(self.misuse(BackendError::InvalidAddress {
+                call: kind,
+                what: "event",
+                value: event.0,
+            }));
         }
         Ok(self.events.get_mut(&event).expect("checked above"))
     }
@@ -278,7 +306,10 @@ impl Backend for SimBackend {
     fn mem_info(&self) -> BackendResult<MemInfo> {
         let mut st = self.lock();
         st.enter(CallKind::MemInfo, 0)?;
-        Ok(MemInfo { free: self.caps.total_memory - st.counters.used, total: self.caps.total_memory })
+        Ok(MemInfo {
+            free: self.caps.total_memory - st.counters.used,
+            total: self.caps.total_memory,
+        })
     }
 
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
@@ -286,7 +317,10 @@ impl Backend for SimBackend {
         st.enter(CallKind::SegmentAlloc, size)?;
         if size == 0 {
             let reason = "zero-size segment".to_string();
-            return Err(st.misuse(BackendError::InvalidArgument { call: CallKind::SegmentAlloc, reason }));
+            return Err(st.misuse(BackendError::InvalidArgument {
+                call: CallKind::SegmentAlloc,
+                reason,
+            }));
         }
         st.take_memory(CallKind::SegmentAlloc, size, self.caps.total_memory)?;
         let base = st.fresh_addresses(size);
@@ -302,14 +336,21 @@ impl Backend for SimBackend {
                 st.counters.used -= size;
                 Ok(())
             }
-            None => Err(st.misuse(BackendError::InvalidAddress { call: CallKind::SegmentFree, what: "segment", value: ptr })),
+            None => Err(st.misuse(BackendError::InvalidAddress {
+                call: CallKind::SegmentFree,
+                what: "segment",
+                value: ptr,
+            })),
         }
     }
 
     fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::ReserveRange;
         if !self.caps.virtual_memory {
-            return Err(BackendError::Unsupported { call, backend: "sim" });
+            return Err(BackendError::Unsupported {
+                call,
+                backend: "sim",
+            });
         }
         let mut st = self.lock();
         st.enter(call, size)?;
@@ -318,7 +359,13 @@ impl Backend for SimBackend {
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         }
         let base = st.fresh_addresses(size);
-        st.ranges.insert(base, Range { size, mapped: BTreeMap::new() });
+        st.ranges.insert(
+            base,
+            Range {
+                size,
+                mapped: BTreeMap::new(),
+            },
+        );
         Ok(base)
     }
 
@@ -327,10 +374,18 @@ impl Backend for SimBackend {
         let mut st = self.lock();
         st.enter(call, 0)?;
         let Some(r) = st.ranges.get(&base) else {
-            return Err(st.misuse(BackendError::InvalidAddress { call, what: "range", value: base }));
+            return Err(st.misuse(BackendError::InvalidAddress {
+                call,
+                what: "range",
+                value: base,
+            }));
         };
         if r.size != size || !r.mapped.is_empty() {
-            let reason = format!("range {base:#x} has size {} and {} mapped pages", r.size, r.mapped.len());
+            let reason = format!(
+                "range {base:#x} has size {} and {} mapped pages",
+                r.size,
+                r.mapped.len()
+            );
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         }
         st.ranges.remove(&base);
@@ -340,7 +395,10 @@ impl Backend for SimBackend {
     fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
         let call = CallKind::CreatePage;
         if !self.caps.virtual_memory {
-            return Err(BackendError::Unsupported { call, backend: "sim" });
+            return Err(BackendError::Unsupported {
+                call,
+                backend: "sim",
+            });
         }
         let mut st = self.lock();
         st.enter(call, size)?;
@@ -360,7 +418,11 @@ impl Backend for SimBackend {
         let mut st = self.lock();
         st.enter(call, 0)?;
         match st.pages.get(&page).copied() {
-            None => Err(st.misuse(BackendError::InvalidAddress { call, what: "page", value: page.0 })),
+            None => Err(st.misuse(BackendError::InvalidAddress {
+                call,
+                what: "page",
+                value: page.0,
+            })),
             Some((_, maps)) if maps > 0 => {
                 let reason = format!("page {} is still mapped {maps} time(s)", page.0);
                 Err(st.misuse(BackendError::InvalidArgument { call, reason }))
@@ -378,20 +440,38 @@ impl Backend for SimBackend {
         let mut st = self.lock();
         st.enter(call, 0)?;
         let Some((size, _)) = st.pages.get(&page).copied() else {
-            return Err(st.misuse(BackendError::InvalidAddress { call, what: "page", value: page.0 }));
+            return Err(st.misuse(BackendError::InvalidAddress {
+                call,
+                what: "page",
+                value: page.0,
+            }));
         };
         let fits = st.range_of(addr).and_then(|(base, r)| {
             let off = addr - base;
             let aligned = off.is_multiple_of(SIM_GRANULARITY) && off + size <= r.size;
-            let before_ok = r.mapped.range(..=off).next_back().is_none_or(|(o, (_, s))| o + s <= off);
-            let after_ok = r.mapped.range(off..).next().is_none_or(|(o, _)| *o >= off + size);
+            let before_ok = r
+                .mapped
+                .range(..=off)
+                .next_back()
+                .is_none_or(|(o, (_, s))| o + s <= off);
+            let after_ok = r
+                .mapped
+                .range(off..)
+                .next()
+                .is_none_or(|(o, _)| *o >= off + size);
             (aligned && before_ok && after_ok).then_some((base, off))
         });
         let Some((base, off)) = fits else {
-            let reason = format!("cannot map {size} bytes at {addr:#x}: misaligned, unreserved or overlapping");
+            let reason = format!(
+                "cannot map {size} bytes at {addr:#x}: misaligned, unreserved or overlapping"
+            );
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         };
-        st.ranges.get_mut(&base).expect("found above").mapped.insert(off, (page, size));
+        st.ranges
+            .get_mut(&base)
+            .expect("found above")
+            .mapped
+            .insert(off, (page, size));
         st.pages.get_mut(&page).expect("found above").1 += 1;
         Ok(())
     }
@@ -402,8 +482,11 @@ impl Backend for SimBackend {
         st.enter(call, 0)?;
         let covered = st.range_of(addr).and_then(|(base, r)| {
             let (start, end) = (addr - base, addr - base + size);
-            let pages: Vec<(u64, PageHandle, u64)> =
-                r.mapped.range(start..end).map(|(o, (p, s))| (*o, *p, *s)).collect();
+            let pages: Vec<(u64, PageHandle, u64)> = r
+                .mapped
+                .range(start..end)
+                .map(|(o, (p, s))| (*o, *p, *s))
+                .collect();
             let mut cursor = start;
             for (o, _, s) in &pages {
                 if *o != cursor {
@@ -418,7 +501,11 @@ impl Backend for SimBackend {
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         };
         for (off, page, _) in pages {
-            st.ranges.get_mut(&base).expect("found above").mapped.remove(&off);
+            st.ranges
+                .get_mut(&base)
+                .expect("found above")
+                .mapped
+                .remove(&off);
             if let Some(p) = st.pages.get_mut(&page) {
                 p.1 -= 1;
             }
@@ -504,10 +591,19 @@ mod tests {
         assert_eq!(a, SIM_BASE_ADDRESS);
         let b = sim.allocate_segment(4 << 20).unwrap();
         assert!(b >= a + (6 << 20), "guard gap between segments");
-        assert!(sim.allocate_segment(4 << 20).unwrap_err().is_out_of_memory());
+        assert!(sim
+            .allocate_segment(4 << 20)
+            .unwrap_err()
+            .is_out_of_memory());
         sim.free_segment(a).unwrap();
-        assert!(matches!(sim.free_segment(a), Err(BackendError::InvalidAddress { .. })));
-        assert!(matches!(sim.free_segment(a + 512), Err(BackendError::InvalidAddress { .. })));
+        assert!(matches!(
+            sim.free_segment(a),
+            Err(BackendError::InvalidAddress { .. })
+        ));
+        assert!(matches!(
+            sim.free_segment(a + 512),
+            Err(BackendError::InvalidAddress { .. })
+        ));
         let c = sim.counters();
         assert_eq!(c.count(CallKind::SegmentAlloc), 3);
         assert_eq!(c.misuse, 2);
@@ -521,10 +617,16 @@ mod tests {
         let sim = SimBackend::new(1 << 30);
         sim.fail_nth(CallKind::SegmentAlloc, 2, Fault::DeviceError);
         assert!(sim.allocate_segment(1 << 20).is_ok());
-        assert!(matches!(sim.allocate_segment(1 << 20), Err(BackendError::Device { .. })));
+        assert!(matches!(
+            sim.allocate_segment(1 << 20),
+            Err(BackendError::Device { .. })
+        ));
         assert!(sim.allocate_segment(1 << 20).is_ok());
         sim.set_watermark(Some(3 << 20));
-        assert!(sim.allocate_segment(2 << 20).unwrap_err().is_out_of_memory());
+        assert!(sim
+            .allocate_segment(2 << 20)
+            .unwrap_err()
+            .is_out_of_memory());
         assert_eq!(sim.counters().injected, 2);
     }
 
@@ -545,7 +647,10 @@ mod tests {
         sim.release_range(base, 8 * g).unwrap();
         assert_eq!(sim.live_objects(), 0);
         let no_vm = SimBackend::with_options(1 << 30, false);
-        assert!(matches!(no_vm.reserve_range(g), Err(BackendError::Unsupported { .. })));
+        assert!(matches!(
+            no_vm.reserve_range(g),
+            Err(BackendError::Unsupported { .. })
+        ));
     }
 
     #[test]
