@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{InvariantViolation, Result};
+use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -112,5 +112,24 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// `max_memory_reserved()`.
     fn max_memory_reserved(&self) -> u64 {
         self.stats().max_memory_reserved()
+    }
+}
+
+/// Builds the allocator for `config.policy` on `backend`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a configuration the policy cannot run, or a
+/// policy not built yet.
+pub fn create(
+    backend: Arc<dyn Backend>,
+    config: AllocatorConfig,
+) -> Result<Arc<dyn DeviceAllocator>> {
+    match config.policy {
+        PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
+            backend, config,
+        )?)),
+        PolicyKind::Cachalot => Err(Error::InvalidArgument(
+            "the cachalot policy is not available yet".into(),
+        )),
     }
 }

@@ -1,0 +1,78 @@
+//! `cachalot parity GOLDEN...`: one line per scenario, then `N passed, M failed`;
+//! exit status 1 on any mismatch.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cachalot::golden::{self, Outcome, H100_BYTES};
+
+/// Arguments of `cachalot parity`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Golden scenario files (`scenarios.<conf>.json.gz`).
+    #[arg(required = true)]
+    goldens: Vec<PathBuf>,
+    /// Simulated device size in bytes (the goldens were recorded on an H100).
+    #[arg(long, default_value_t = H100_BYTES)]
+    capacity: u64,
+    /// Mismatches shown per failing scenario.
+    #[arg(long, default_value_t = 10)]
+    show: usize,
+}
+
+/// Runs the check.
+pub(crate) fn run(args: &Args) -> ExitCode {
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for path in &args.goldens {
+        let file = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let entries = match golden::load(path) {
+            Ok(e) => e,
+            Err(e) => {
+                println!("FAIL {file}: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        for entry in &entries {
+            let outcome = golden::check(entry, args.capacity);
+            print_outcome(&file, &entry.conf, &outcome, args.show);
+            if outcome.passed() {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_outcome(file: &str, conf: &str, o: &Outcome, show: usize) {
+    let conf = if conf.is_empty() { "native" } else { conf };
+    let verdict = if o.passed() { "PASS" } else { "FAIL" };
+    println!(
+        "{verdict} {file} [{conf}] {}: {} ops, {} values compared",
+        o.name, o.ops, o.checked
+    );
+    for m in o.mismatches.iter().take(show) {
+        let at =
+            m.op.map_or_else(|| "scenario".to_string(), |i| format!("op {i}"));
+        println!(
+            "    {at}: {}: expected {}, got {}",
+            m.key, m.expected, m.got
+        );
+    }
+    if o.mismatches.len() > show {
+        println!("    ... {} more mismatches", o.mismatches.len() - show);
+    }
+    if let Some(note) = &o.note {
+        println!("    note: {note}");
+    }
+}

@@ -1,0 +1,192 @@
+//! The one place where statistics change and events are emitted: each method is a
+//! block or segment state transition.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::{DevicePtr, StreamId};
+use crate::event::{Action, Observer, TraceEvent};
+use crate::stats::MemoryStats;
+
+use super::block::Block;
+
+/// Statistics plus the observer that hears about every transition.
+pub(crate) struct Ledger {
+    /// PyTorch's statistics.
+    pub(crate) stats: MemoryStats,
+    observer: Option<Arc<dyn Observer>>,
+    epoch: Instant,
+    max_split_size: u64,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("observer", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Fresh statistics for a split limit of `max_split_size` (`u64::MAX` = none).
+    pub(crate) fn new(max_split_size: u64) -> Ledger {
+        let limit = (max_split_size != u64::MAX).then_some(max_split_size);
+        Ledger {
+            stats: MemoryStats::new(limit),
+            observer: None,
+            epoch: Instant::now(),
+            max_split_size,
+        }
+    }
+
+    /// Installs or removes the observer.
+    pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
+        self.observer = observer;
+    }
+
+    fn emit(&self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
+        if let Some(o) = &self.observer {
+            let time_us = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+            o.on_event(&TraceEvent {
+                time_us,
+                action,
+                addr,
+                size,
+                stream,
+            });
+        }
+    }
+
+    fn oversize(&self, size: u64) -> bool {
+        size >= self.max_split_size
+    }
+
+    /// A device allocation became a segment.
+    pub(crate) fn segment_alloc(
+        &mut self,
+        addr: DevicePtr,
+        size: u64,
+        small: bool,
+        stream: StreamId,
+    ) {
+        let s = &mut self.stats;
+        s.segment.update(small, 1);
+        s.reserved_bytes.update(small, size as i64);
+        if size >= self.max_split_size {
+            s.oversize_segments.increase(1);
+        }
+        s.num_device_alloc += 1;
+        self.emit(Action::SegmentAlloc, addr, size, stream);
+    }
+
+    /// A segment went back to the device.
+    pub(crate) fn segment_free(
+        &mut self,
+        addr: DevicePtr,
+        size: u64,
+        small: bool,
+        stream: StreamId,
+    ) {
+        let s = &mut self.stats;
+        s.segment.update(small, -1);
+        s.reserved_bytes.update(small, -(size as i64));
+        if size >= self.max_split_size {
+            s.oversize_segments.decrease(1);
+        }
+        s.num_device_free += 1;
+        self.emit(Action::SegmentFree, addr, size, stream);
+    }
+
+    /// Pages were mapped into an expandable segment (no new `segment`).
+    pub(crate) fn segment_map(
+        &mut self,
+        addr: DevicePtr,
+        size: u64,
+        small: bool,
+        stream: StreamId,
+    ) {
+        self.stats.reserved_bytes.update(small, size as i64);
+        self.stats.num_device_alloc += 1;
+        self.emit(Action::SegmentMap, addr, size, stream);
+    }
+
+    /// Pages were unmapped from an expandable segment.
+    pub(crate) fn segment_unmap(
+        &mut self,
+        addr: DevicePtr,
+        size: u64,
+        small: bool,
+        stream: StreamId,
+    ) {
+        self.stats.reserved_bytes.update(small, -(size as i64));
+        self.stats.num_device_free += 1;
+        self.emit(Action::SegmentUnmap, addr, size, stream);
+    }
+
+    /// A block was handed to a caller.
+    pub(crate) fn alloc(&mut self, b: &Block) {
+        let s = &mut self.stats;
+        s.allocation.update(b.small, 1);
+        s.allocated_bytes.update(b.small, b.size as i64);
+        s.active.update(b.small, 1);
+        s.active_bytes.update(b.small, b.size as i64);
+        s.requested_bytes.update(b.small, b.requested as i64);
+        if self.oversize(b.size) {
+            self.stats.oversize_allocations.increase(1);
+        }
+        self.emit(Action::Alloc, b.addr, b.requested, b.stream);
+    }
+
+    /// The caller freed a block (it may still be active on other streams).
+    pub(crate) fn free_requested(&mut self, b: &Block) {
+        let s = &mut self.stats;
+        s.allocation.update(b.small, -1);
+        s.allocated_bytes.update(b.small, -(b.size as i64));
+        if self.oversize(b.size) {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        self.emit(Action::FreeRequested, b.addr, b.requested, b.stream);
+    }
+
+    /// A freed block of `size` bytes at `addr` became reusable.
+    pub(crate) fn free_completed(
+        &mut self,
+        addr: DevicePtr,
+        size: u64,
+        requested: u64,
+        small: bool,
+        stream: StreamId,
+    ) {
+        let s = &mut self.stats;
+        s.active.update(small, -1);
+        s.active_bytes.update(small, -(size as i64));
+        s.requested_bytes.update(small, -(requested as i64));
+        self.emit(Action::FreeCompleted, addr, requested, stream);
+    }
+
+    /// Inactive split blocks changed by `blocks` and `bytes`.
+    pub(crate) fn inactive_split(&mut self, small: bool, blocks: i64, bytes: i64) {
+        if blocks != 0 {
+            self.stats.inactive_split.update(small, blocks);
+        }
+        if bytes != 0 {
+            self.stats.inactive_split_bytes.update(small, bytes);
+        }
+    }
+
+    /// The last-resort retry ran.
+    pub(crate) fn alloc_retry(&mut self) {
+        self.stats.num_alloc_retries += 1;
+    }
+
+    /// Every outstanding event was synchronized.
+    pub(crate) fn sync_all_streams(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+    }
+
+    /// An allocation failed for lack of memory.
+    pub(crate) fn oom(&mut self, requested: u64, device_free: u64, stream: StreamId) {
+        self.stats.num_ooms += 1;
+        self.emit(Action::Oom, device_free, requested, stream);
+    }
+}

@@ -1,0 +1,82 @@
+//! `malloc`: the cache, then new memory, then the retry chain, then out-of-memory.
+
+use crate::backend::{DevicePtr, StreamId};
+use crate::error::{Error, OomReport, Result, MAX_REQUEST};
+
+use super::block::BlockId;
+use super::placement::{allocation_size, is_small};
+use super::state::{Request, State};
+
+impl State {
+    /// Allocates `size` bytes for `stream`, following PyTorch's order: reclaim
+    /// completed cross-stream frees; best fit from the cache; garbage collection;
+    /// a new segment; release cached oversize segments and retry; synchronize and
+    /// release every cached segment and retry; out-of-memory.
+    pub(crate) fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevicePtr> {
+        if size == 0 {
+            return Ok(0);
+        }
+        if size > MAX_REQUEST {
+            return Err(Error::TooLarge {
+                requested: size,
+                limit: MAX_REQUEST,
+            });
+        }
+        self.process_events()?;
+        let rounded = self.placement.round_size(size);
+        let req = Request {
+            size: rounded,
+            requested: size,
+            small: is_small(rounded),
+            stream,
+            alloc_size: allocation_size(rounded),
+        };
+        let found = match self.get_free_block(&req) {
+            Some(id) => Some(id),
+            None => self.obtain(&req)?,
+        };
+        let Some(id) = found else {
+            return Err(self.out_of_memory(&req));
+        };
+        let split = self
+            .placement
+            .should_split(req.small, self.blocks[id].size, req.size);
+        Ok(self.alloc_found_block(id, &req, split))
+    }
+
+    /// The retry chain after a cache miss.
+    fn obtain(&mut self, req: &Request) -> Result<Option<BlockId>> {
+        if self.gc_enabled() {
+            self.garbage_collect()?;
+        }
+        if let Some(id) = self.alloc_block(req, false)? {
+            return Ok(Some(id));
+        }
+        if self.release_available_cached_blocks(req)? {
+            if let Some(id) = self.alloc_block(req, false)? {
+                return Ok(Some(id));
+            }
+        }
+        self.release_cached_blocks()?;
+        self.alloc_block(req, true)
+    }
+
+    /// Counts and reports an out-of-memory failure.
+    fn out_of_memory(&mut self, req: &Request) -> Error {
+        let device_free = self.backend.mem_info().map_or(0, |m| m.free);
+        self.ledger.oom(req.requested, device_free, req.stream);
+        let stats = &self.ledger.stats;
+        Error::OutOfMemory(Box::new(OomReport {
+            device: self.device,
+            requested: req.requested,
+            alloc_size: req.alloc_size,
+            capacity: self.total_memory,
+            device_free,
+            allocated: stats.allocated_bytes.all.current as u64,
+            reserved: stats.reserved_bytes.all.current as u64,
+            allowed: self.allowed,
+            stream: req.stream,
+            config: self.config_source.clone(),
+        }))
+    }
+}

@@ -1,0 +1,161 @@
+//! The `pytorch` policy: PyTorch 2.11's native CUDA caching allocator, reproduced
+//! exactly, statistics included.
+//!
+//! * Requests are rounded to 512 bytes (or to `roundup_power2_divisions` steps);
+//!   requests of 1 MiB or less use the small pool, which carves 2 MiB segments;
+//!   larger ones use the large pool: 20 MiB segments for requests under 10 MiB,
+//!   segments of the request's size rounded to 2 MiB above.
+//! * A request takes the best-fit cached block of its stream, ordered by (stream,
+//!   size, segment age, address); blocks at least `max_split_size` serve only
+//!   requests within `max_non_split_rounding` of their size and are never split.
+//! * On a miss: garbage collection (with a memory fraction and a threshold), a new
+//!   segment, then release of cached oversize segments and a retry, then
+//!   synchronization of every event, release of every cached segment and a last
+//!   retry, then out-of-memory.
+//! * With `expandable_segments` (on backends with virtual memory) each (stream,
+//!   pool) grows one reserved range by mapping pages instead.
+//! * A block freed after `record_stream` returns to its pool when events recorded
+//!   on the other streams complete; they are polled at each `malloc`.
+//!
+//! One mutex guards the state, as in PyTorch.
+
+mod block;
+mod expandable;
+mod grow;
+mod ledger;
+mod malloc;
+mod placement;
+mod pool;
+mod release;
+mod snapshot;
+mod state;
+mod streams;
+mod validate;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::allocator::DeviceAllocator;
+use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::config::{AllocatorConfig, PolicyKind};
+use crate::error::{Error, InvariantViolation, Result};
+use crate::event::Observer;
+use crate::snapshot::MemorySnapshot;
+use crate::stats::MemoryStats;
+
+use state::State;
+
+/// PyTorch's caching allocator for one device. See the module docs.
+#[derive(Debug)]
+pub struct PytorchAllocator {
+    backend: Arc<dyn Backend>,
+    config: AllocatorConfig,
+    state: Mutex<State>,
+}
+
+impl PytorchAllocator {
+    /// An allocator serving `backend` under `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `config` names another policy or holds a
+    /// memory fraction outside `[0, 1]`.
+    pub fn new(backend: Arc<dyn Backend>, config: AllocatorConfig) -> Result<Self> {
+        if config.policy != PolicyKind::Pytorch {
+            return Err(Error::InvalidArgument(format!(
+                "the pytorch allocator cannot run policy {}",
+                config.policy
+            )));
+        }
+        check_fraction(config.per_process_memory_fraction)?;
+        let state = Mutex::new(State::new(backend.clone(), &config));
+        Ok(PytorchAllocator {
+            backend,
+            config,
+            state,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every state change completes before the lock is released or fails as a
+        // whole, so a poisoned lock still guards consistent state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn check_fraction(fraction: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&fraction) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "memory fraction {fraction} is outside [0, 1]"
+        )))
+    }
+}
+
+impl Drop for PytorchAllocator {
+    fn drop(&mut self) {
+        self.lock().destroy_spare_events();
+    }
+}
+
+impl DeviceAllocator for PytorchAllocator {
+    fn policy(&self) -> PolicyKind {
+        PolicyKind::Pytorch
+    }
+
+    fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {
+        self.lock().malloc(size, stream)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.lock().free(ptr)
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        self.lock().record_stream(ptr, stream)
+    }
+
+    fn empty_cache(&self) -> Result<()> {
+        self.lock().release_cached_blocks()
+    }
+
+    fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        check_fraction(fraction)?;
+        self.lock().set_fraction(fraction);
+        Ok(())
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.lock().ledger.stats.clone()
+    }
+
+    fn reset_peak_stats(&self) {
+        self.lock().ledger.stats.reset_peak();
+    }
+
+    fn reset_accumulated_stats(&self) {
+        self.lock().ledger.stats.reset_accumulated();
+    }
+
+    fn snapshot(&self) -> MemorySnapshot {
+        self.lock().snapshot()
+    }
+
+    fn validate(&self) -> std::result::Result<(), InvariantViolation> {
+        self.lock().validate()
+    }
+
+    fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
+        self.lock().ledger.set_observer(observer);
+    }
+}

@@ -1,0 +1,135 @@
+//! Cross-stream use: `record_stream`, frees that wait for events recorded on the
+//! streams that used a block, and the polling (at each malloc) or synchronizing
+//! (at `empty_cache`) of those events.
+
+use crate::backend::{DevicePtr, EventId, StreamId};
+use crate::error::{Error, FreeError, Result};
+
+use super::block::{BlockId, PendingEvent};
+use super::state::State;
+
+impl State {
+    /// The allocated block at `ptr`, or the reason there is none.
+    pub(crate) fn live_block(&self, ptr: DevicePtr) -> Result<BlockId> {
+        if let Some(id) = self.allocated.get(&ptr) {
+            return Ok(*id);
+        }
+        let known = self
+            .blocks
+            .iter()
+            .any(|(_, b)| b.addr == ptr && !b.allocated);
+        let reason = if known {
+            FreeError::DoubleFree
+        } else {
+            FreeError::Foreign
+        };
+        Err(Error::InvalidFree { ptr, reason })
+    }
+
+    /// Marks the allocation at `ptr` as used by `stream`.
+    pub(crate) fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        let id = self.live_block(ptr)?;
+        let b = &mut self.blocks[id];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Frees the allocation at `ptr`. With other streams recorded, the block stays
+    /// active until events recorded on them now have completed.
+    pub(crate) fn free(&mut self, ptr: DevicePtr) -> Result<()> {
+        let id = self.live_block(ptr)?;
+        let uses = self.blocks[id].stream_uses.clone();
+        let events = self.record_events(&uses)?;
+        self.allocated.remove(&ptr);
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        b.stream_uses.clear();
+        b.event_count = events.len() as u32;
+        self.ledger.free_requested(&self.blocks[id]);
+        if events.is_empty() {
+            self.free_block(id);
+        }
+        for (stream, event) in events {
+            self.pending
+                .entry(stream)
+                .or_default()
+                .push_back(PendingEvent { event, block: id });
+        }
+        Ok(())
+    }
+
+    /// Records one event on each stream; on failure nothing stays recorded.
+    fn record_events(&mut self, streams: &[StreamId]) -> Result<Vec<(StreamId, EventId)>> {
+        let mut out: Vec<(StreamId, EventId)> = Vec::with_capacity(streams.len());
+        for s in streams {
+            let created = match self.spare_events.pop() {
+                Some(e) => Ok(e),
+                None => self.backend.create_event(),
+            };
+            let recorded = created.and_then(|e| {
+                self.backend
+                    .record_event(e, *s)
+                    .map(|()| e)
+                    .inspect_err(|_| self.spare_events.push(e))
+            });
+            match recorded {
+                Ok(e) => out.push((*s, e)),
+                Err(err) => {
+                    self.spare_events.extend(out.iter().map(|(_, e)| *e));
+                    return Err(err.into());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reclaims blocks whose events have all completed (non-blocking).
+    pub(crate) fn process_events(&mut self) -> Result<()> {
+        let streams: Vec<StreamId> = self.pending.keys().copied().collect();
+        for s in streams {
+            while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {
+                if !self.backend.query_event(front.event)? {
+                    break;
+                }
+                self.complete(s, front);
+            }
+        }
+        self.pending.retain(|_, q| !q.is_empty());
+        Ok(())
+    }
+
+    /// Waits for every outstanding event and reclaims the blocks.
+    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<()> {
+        self.ledger.sync_all_streams();
+        let streams: Vec<StreamId> = self.pending.keys().copied().collect();
+        for s in streams {
+            while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {
+                self.backend.synchronize_event(front.event)?;
+                self.complete(s, front);
+            }
+        }
+        self.pending.retain(|_, q| !q.is_empty());
+        Ok(())
+    }
+
+    fn complete(&mut self, stream: StreamId, done: PendingEvent) {
+        if let Some(q) = self.pending.get_mut(&stream) {
+            q.pop_front();
+        }
+        self.spare_events.push(done.event);
+        let b = &mut self.blocks[done.block];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(done.block);
+        }
+    }
+
+    /// Destroys the spare events (best effort, when the allocator is dropped).
+    pub(crate) fn destroy_spare_events(&mut self) {
+        for e in self.spare_events.drain(..) {
+            let _ = self.backend.destroy_event(e);
+        }
+    }
+}

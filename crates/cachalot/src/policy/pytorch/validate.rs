@@ -1,0 +1,237 @@
+//! `validate()`: walks every segment and block and checks every invariant,
+//! recomputing each statistic from the blocks.
+
+use std::collections::BTreeMap;
+
+use crate::ensure_invariant;
+use crate::error::InvariantViolation;
+use crate::stats::StatPool;
+
+use super::block::{Block, Segment, SegmentId};
+use super::pool::BlockPool;
+use super::state::State;
+
+type Check = Result<(), InvariantViolation>;
+
+impl State {
+    /// Checks every invariant.
+    pub(crate) fn validate(&self) -> Check {
+        let mut walked = 0;
+        for (sid, seg) in self.segments.iter() {
+            walked += self.validate_segment(sid, seg)?;
+        }
+        ensure_invariant!(
+            walked == self.blocks.len(),
+            "{} blocks, {walked} reachable from segments",
+            self.blocks.len()
+        );
+        self.validate_pools()?;
+        self.validate_claims()?;
+        self.validate_stats()
+    }
+
+    /// Checks that the blocks of `seg` tile it; returns how many there are.
+    fn validate_segment(&self, sid: SegmentId, seg: &Segment) -> Result<usize, InvariantViolation> {
+        let (mut at, mut prev, mut cur, mut n) = (seg.base, None, Some(seg.head), 0usize);
+        let mut last: Option<&Block> = None;
+        while let Some(id) = cur {
+            let b = self
+                .blocks
+                .get(id)
+                .ok_or_else(|| InvariantViolation(format!("stale block {id:?}")))?;
+            ensure_invariant!(
+                b.segment == sid && b.prev == prev,
+                "block {id:?} is mislinked in segment at {:#x}",
+                seg.base
+            );
+            ensure_invariant!(
+                b.addr == at && b.size > 0,
+                "block {id:?} at {:#x} breaks the tiling at {at:#x}",
+                b.addr
+            );
+            ensure_invariant!(
+                b.stream == seg.stream
+                    && b.small == seg.small
+                    && b.registration == seg.registration,
+                "block {id:?} disagrees with its segment"
+            );
+            ensure_invariant!(
+                b.expandable == seg.expandable.is_some(),
+                "block {id:?} expandable flag is wrong"
+            );
+            if let Some(es) = &seg.expandable {
+                let aligned =
+                    b.mapped || ((b.addr - seg.base) % es.page == 0 && b.size % es.page == 0);
+                ensure_invariant!(aligned, "unmapped block {id:?} is not page-aligned");
+                ensure_invariant!(
+                    es.pages_are(b.addr - seg.base, b.size, b.mapped),
+                    "block {id:?} mapping is wrong"
+                );
+            } else {
+                ensure_invariant!(b.mapped, "block {id:?} of a plain segment is unmapped");
+            }
+            if let Some(l) = last {
+                let mergeable = l.is_reusable() && b.is_reusable() && l.mapped == b.mapped;
+                ensure_invariant!(
+                    !mergeable,
+                    "free neighbours at {:#x} and {:#x} were not merged",
+                    l.addr,
+                    b.addr
+                );
+            }
+            at += b.size;
+            n += 1;
+            prev = Some(id);
+            last = Some(b);
+            cur = b.next;
+        }
+        ensure_invariant!(
+            at == seg.base + seg.size,
+            "segment at {:#x} is tiled up to {at:#x} only",
+            seg.base
+        );
+        Ok(n)
+    }
+
+    /// Checks that the pools hold exactly the free blocks, under the right keys.
+    fn validate_pools(&self) -> Check {
+        for pool in [&self.small, &self.large] {
+            for (key, id) in &pool.blocks {
+                let b = self
+                    .blocks
+                    .get(*id)
+                    .ok_or_else(|| InvariantViolation(format!("pool holds stale {id:?}")))?;
+                ensure_invariant!(
+                    *key == BlockPool::key(b) && b.small == pool.small,
+                    "pool key of {id:?} is wrong"
+                );
+                ensure_invariant!(
+                    b.is_reusable() && b.mapped,
+                    "cached block {id:?} is not free and mapped"
+                );
+            }
+            for ((stream, addr), id) in &pool.unmapped {
+                let b = self
+                    .blocks
+                    .get(*id)
+                    .ok_or_else(|| InvariantViolation(format!("pool holds stale {id:?}")))?;
+                ensure_invariant!(
+                    b.stream == *stream && b.addr == *addr && !b.mapped,
+                    "unmapped entry {id:?} is wrong"
+                );
+                ensure_invariant!(b.is_reusable(), "unmapped block {id:?} is in use");
+            }
+        }
+        let cached = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.is_reusable() && b.mapped)
+            .count();
+        let listed = self.small.blocks.len() + self.large.blocks.len();
+        ensure_invariant!(
+            cached == listed,
+            "{cached} free blocks but {listed} in the pools"
+        );
+        let unmapped = self.blocks.iter().filter(|(_, b)| !b.mapped).count();
+        let listed = self.small.unmapped.len() + self.large.unmapped.len();
+        ensure_invariant!(
+            unmapped == listed,
+            "{unmapped} unmapped blocks but {listed} listed"
+        );
+        Ok(())
+    }
+
+    /// Checks the allocated map and the outstanding events.
+    fn validate_claims(&self) -> Check {
+        for (addr, id) in &self.allocated {
+            let ok = self
+                .blocks
+                .get(*id)
+                .is_some_and(|b| b.allocated && b.addr == *addr && b.event_count == 0);
+            ensure_invariant!(
+                ok,
+                "allocation at {addr:#x} does not name an allocated block"
+            );
+        }
+        let allocated = self.blocks.iter().filter(|(_, b)| b.allocated).count();
+        ensure_invariant!(
+            allocated == self.allocated.len(),
+            "{allocated} allocated blocks, {} listed",
+            self.allocated.len()
+        );
+        let mut waits: BTreeMap<_, u32> = BTreeMap::new();
+        for e in self.pending.values().flatten() {
+            *waits.entry(e.block).or_default() += 1;
+        }
+        for (id, b) in self.blocks.iter() {
+            let n = waits.get(&id).copied().unwrap_or(0);
+            ensure_invariant!(
+                b.event_count == n,
+                "block {id:?} counts {} events, {n} outstanding",
+                b.event_count
+            );
+            ensure_invariant!(
+                n == 0 || !b.allocated,
+                "block {id:?} is allocated and awaiting events"
+            );
+        }
+        Ok(())
+    }
+
+    /// Recomputes every statistic's current value from blocks and segments.
+    fn validate_stats(&self) -> Check {
+        let mut want: BTreeMap<String, i64> = BTreeMap::new();
+        let mut add = |family: &str, small: bool, amount: i64| {
+            for pool in [StatPool::All, StatPool::of(small)] {
+                *want
+                    .entry(format!("{family}.{}.current", pool.key()))
+                    .or_default() += amount;
+            }
+        };
+        let (mut over_alloc, mut over_seg) = (0, 0);
+        for (_, b) in self.blocks.iter() {
+            if b.allocated {
+                add("allocation", b.small, 1);
+                add("allocated_bytes", b.small, b.size as i64);
+                over_alloc += i64::from(self.placement.is_oversize(b.size));
+            }
+            if b.is_active() {
+                add("active", b.small, 1);
+                add("active_bytes", b.small, b.size as i64);
+                add("requested_bytes", b.small, b.requested as i64);
+            }
+            if b.is_reusable() && b.mapped && b.is_split() && !b.expandable {
+                add("inactive_split", b.small, 1);
+                add("inactive_split_bytes", b.small, b.size as i64);
+            }
+        }
+        for (_, seg) in self.segments.iter() {
+            match &seg.expandable {
+                Some(es) => add("reserved_bytes", seg.small, es.mapped_bytes() as i64),
+                None => {
+                    add("segment", seg.small, 1);
+                    add("reserved_bytes", seg.small, seg.size as i64);
+                    over_seg += i64::from(self.placement.is_oversize(seg.size));
+                }
+            }
+        }
+        want.insert("oversize_allocations.current".into(), over_alloc);
+        want.insert("oversize_segments.current".into(), over_seg);
+        let have = self.ledger.stats.to_map();
+        for (key, value) in &have {
+            if let Some(base) = key.strip_suffix(".current") {
+                let expected = want.get(key).copied().unwrap_or(0);
+                ensure_invariant!(
+                    *value == expected,
+                    "{key} is {value}, blocks say {expected}"
+                );
+                let peak = have.get(&format!("{base}.peak")).copied().unwrap_or(0);
+                ensure_invariant!(
+                    peak >= *value,
+                    "{base}.peak {peak} is below current {value}"
+                );
+            }
+        }
+        Ok(())
+    }
+}
