@@ -2,8 +2,11 @@
 //! and release.
 //!
 //! * [`pytorch`]: PyTorch 2.11's native caching allocator, reproduced exactly.
+//! * [`cachalot`]: cachalot's own lower-fragmentation policy.
 
 pub(crate) mod arena;
+pub mod cachalot;
 pub mod pytorch;
 
+pub use self::cachalot::CachalotAllocator;
 pub use pytorch::PytorchAllocator;

@@ -77,6 +77,7 @@ impl State {
             allowed: self.allowed,
             stream: req.stream,
             config: self.config_source.clone(),
+            ..OomReport::default()
         }))
     }
 }
