@@ -1,6 +1,9 @@
 //! The `cachalot` command.
 
+mod input;
 mod parity;
+mod summary;
+mod view;
 
 use std::process::ExitCode;
 
@@ -13,10 +16,23 @@ enum Cli {
     /// Replay PyTorch golden scenarios through the `pytorch` policy on a simulated
     /// H100 and compare every statistic after every step.
     Parity(parity::Args),
+    /// Print the memory summary table of a run (and optionally write its snapshot).
+    Summary(summary::Args),
+    /// Write a self-contained HTML page of a run's memory over time.
+    View(view::Args),
 }
 
 fn main() -> ExitCode {
-    match Cli::parse() {
-        Cli::Parity(args) => parity::run(&args),
+    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse() {
+        Cli::Parity(args) => return parity::run(&args),
+        Cli::Summary(args) => summary::run(&args).map_err(Into::into),
+        Cli::View(args) => view::run(&args).map_err(Into::into),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cachalot: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -55,8 +55,10 @@ pub mod history;
 pub mod policy;
 pub mod report;
 pub mod snapshot;
+pub mod snapshot_io;
 pub mod stats;
 pub mod summary;
+pub mod view;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};
