@@ -126,6 +126,31 @@ def test_snapshot_and_summary():
     del x
 
 
+_OOM_PROBE = """
+import sys, torch
+sys.path.insert(0, %r)
+import cachalot_torch
+cachalot_torch.use(conf="per_process_memory_fraction:0.01")
+small = torch.ones(1024, device="cuda")
+try:
+    big = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    print("no exception; data_ptr", hex(big.data_ptr()), "| last error:", cachalot_torch.last_error())
+except Exception as e:
+    print("raised", type(e).__name__, str(e).splitlines()[0][:200], "| last error:", cachalot_torch.last_error())
+print("num_ooms", cachalot_torch.memory_stats()["num_ooms"], "| small still usable:", small.sum().item())
+"""
+
+
+def probe_oom():
+    """What PyTorch does when cachalot's allocation fails (it does not check the
+    callback's NULL): run in a child process, reported, not asserted."""
+    import subprocess
+
+    code = _OOM_PROBE % os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    print("oom probe:", (proc.stdout + proc.stderr[-600:]).strip().replace("\n", " || "))
+
+
 def main():
     setup_module()
     tests = [(name, fn) for name, fn in sorted(globals().items()) if name.startswith("test_") and callable(fn)]
@@ -138,6 +163,8 @@ def main():
             failed += 1
             print(f"FAIL  {name}: {type(e).__name__}: {e}")
     print(f"{len(tests) - failed} passed, {failed} failed; config {cachalot_torch.config()}")
+    if "--oom-probe" in sys.argv:
+        probe_oom()
     return 1 if failed else 0
 
 
