@@ -32,6 +32,7 @@ __all__ = [
     "load",
     "use",
     "installed",
+    "hooks",
     "config",
     "memory_stats",
     "memory_allocated",
@@ -53,6 +54,7 @@ _LIB_NAME = "libcachalot_torch.so"
 _lib = None
 _lib_path = None
 _allocator = None  # the torch CUDAPluggableAllocator, kept alive here
+_hooks = []  # the PyTorch hooks use() installed
 
 
 class CachalotError(RuntimeError):
@@ -185,6 +187,7 @@ def use(path=None, conf=None):
         install = getattr(hooks, setter, None)
         if install is not None:
             install(ctypes.cast(getattr(lib, function), ctypes.c_void_p).value)
+            _hooks.append(setter)
     torch.cuda.memory.change_current_allocator(allocator)
     _allocator = allocator
     return allocator
@@ -193,6 +196,12 @@ def use(path=None, conf=None):
 def installed():
     """Whether :func:`use` has installed cachalot in this process."""
     return _allocator is not None
+
+
+def hooks():
+    """The PyTorch hooks :func:`use` installed (``set_record_stream_fn``,
+    ``set_reset_fn``, ``set_memory_fraction_fn`` where this PyTorch has them)."""
+    return list(_hooks)
 
 
 def config():

@@ -51,16 +51,30 @@ def test_record_stream_defers_reuse():
 
     n = 4 * MIB
     side = torch.cuda.Stream()
+    # Load every kernel first: a kernel's first launch can synchronize the device
+    # (lazy module loading), which would let the side stream finish early.
+    warm = torch.full((n,), 1.0, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1000)
+        warm = warm * 2
+    torch.cuda.synchronize()
+    del warm
+
     a = torch.full((n,), 3.0, device="cuda")
     a_ptr = a.data_ptr()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time
+        torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time
         out = a * 2
     a.record_stream(side)
     del a
+    stats = cachalot_torch.memory_stats()
+    pending = stats["active.all.current"] - stats["allocation.all.current"]
     b = torch.empty(n, device="cuda")
+    side_busy = not side.query()
     b.fill_(-1.0)
+    assert side_busy, "inconclusive: the side stream finished before the reallocation"
+    assert pending >= 1, f"the free did not wait for the side stream (hooks: {cachalot_torch.hooks()})"
     assert b.data_ptr() != a_ptr, "block reused while a side stream still used it"
     side.synchronize()
     torch.cuda.synchronize()

@@ -424,7 +424,9 @@ mod tests {
         let a = registry.malloc(4096, 0, StreamId(0x10)).unwrap();
         // Simulated devices share an address range: move device 1's block away
         // from device 0's (real GPUs share one unified address space).
-        registry.malloc(8 * MIB as i64, 1, StreamId::DEFAULT).unwrap();
+        registry
+            .malloc(8 * MIB as i64, 1, StreamId::DEFAULT)
+            .unwrap();
         let b = registry.malloc(4096, 1, StreamId::DEFAULT).unwrap();
         assert_ne!(a, b);
         registry.malloc(4096, 0, StreamId(0x10)).unwrap();
