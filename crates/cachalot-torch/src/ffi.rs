@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 
 use cachalot::{AllocatorConfig, StreamId};
 
+use crate::context::ContextRestore;
 use crate::error::{self, PluginError, PluginResult};
 use crate::guard::{guard, status, string};
 use crate::registry::Registry;
@@ -34,6 +35,13 @@ fn registry() -> PluginResult<&'static Registry> {
             .map(|config| Registry::new(config, Box::new(device::open_cuda)))
     });
     made.as_ref().map_err(|e| PluginError::Config(e.clone()))
+}
+
+/// Saves the caller's CUDA context around calls that may reach a device other
+/// than the current one (frees, record_stream, empty_cache, memory fractions).
+/// Nothing to save before any device is open: no driver call has been made.
+fn keep_context(registry: &Registry) -> Option<ContextRestore> {
+    registry.any_open().then(ContextRestore::save).flatten()
 }
 
 fn stream_id(stream: *mut c_void) -> StreamId {
@@ -67,7 +75,9 @@ pub extern "C" fn cachalot_alloc(size: isize, device: c_int, stream: *mut c_void
 pub extern "C" fn cachalot_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     let _ = (size, stream);
     guard((), || {
-        registry()?.free(ptr.addr() as u64, i64::from(device))
+        let registry = registry()?;
+        let _context = keep_context(registry);
+        registry.free(ptr.addr() as u64, i64::from(device))
     });
 }
 
@@ -76,7 +86,9 @@ pub extern "C" fn cachalot_free(ptr: *mut c_void, size: isize, device: c_int, st
 #[no_mangle]
 pub extern "C" fn cachalot_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guard((), || {
-        registry()?.record_stream(ptr.addr() as u64, stream_id(stream))
+        let registry = registry()?;
+        let _context = keep_context(registry);
+        registry.record_stream(ptr.addr() as u64, stream_id(stream))
     });
 }
 
@@ -84,14 +96,22 @@ pub extern "C" fn cachalot_record_stream(ptr: *mut c_void, stream: *mut c_void) 
 /// unused memory to the driver.
 #[no_mangle]
 pub extern "C" fn cachalot_empty_cache() {
-    guard((), || registry()?.empty_cache());
+    guard((), || {
+        let registry = registry()?;
+        let _context = keep_context(registry);
+        registry.empty_cache()
+    });
 }
 
 /// PyTorch's memory-fraction hook (`set_memory_fraction_fn`).
 #[no_mangle]
 pub extern "C" fn cachalot_set_memory_fraction(fraction: c_double, device: c_int) {
     guard((), || {
-        registry()?.set_memory_fraction(fraction, i64::from(device))
+        let registry = registry()?;
+        let _context = keep_context(registry);
+        // Opening the device (on first use) makes its context current: the saved
+        // context is only there when another device was open before.
+        registry.set_memory_fraction(fraction, i64::from(device))
     });
 }
 

@@ -19,6 +19,7 @@
 //!   guard    catch_unwind at every entry point; errors become the last error
 //!   report   summaries, history recording, snapshot pickles over the registry
 //!   registry one DeviceAllocator per device, created on first use
+//!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
 //!   device   opens a device: CUDA backend + the configured policy
 //! ```
@@ -35,6 +36,7 @@
 #![deny(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod context;
 pub mod device;
 pub mod error;
 pub mod ffi;

@@ -11,6 +11,7 @@
 //! in [`crate::ffi`], so the `cachalot` library keeps no singletons.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cachalot::history::{History, HistoryConfig};
@@ -86,6 +87,8 @@ pub struct Registry {
     slots: Box<[OnceLock<Slot>]>,
     /// Held while a device's allocator is being created, so it is created once.
     creating: Mutex<()>,
+    /// Whether any device has been opened.
+    any_open: AtomicBool,
     /// History recording, applied to devices created later too.
     recording: Mutex<Recording>,
 }
@@ -110,6 +113,7 @@ impl Registry {
             factory,
             slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
             creating: Mutex::new(()),
+            any_open: AtomicBool::new(false),
             recording: Mutex::new(Recording::default()),
         }
     }
@@ -159,7 +163,13 @@ impl Registry {
             allocator: opened.allocator,
             streams: opened.register_stream.map(KnownStreams::new),
         };
+        self.any_open.store(true, Ordering::Release);
         Ok((index, cell.get_or_init(|| slot)))
+    }
+
+    /// Whether any device has been opened (cheap: one atomic load).
+    pub fn any_open(&self) -> bool {
+        self.any_open.load(Ordering::Acquire)
     }
 
     /// The devices created so far, by ordinal.
@@ -189,13 +199,20 @@ impl Registry {
     /// Frees an allocation of `device`. The null address is a no-op.
     ///
     /// # Errors
-    /// The allocator's error for a double or foreign free (nothing changes).
+    /// [`PluginError::UnknownPointer`] when `device` was never opened; the
+    /// allocator's error for a double or foreign free (nothing changes).
     pub fn free(&self, ptr: DevicePtr, device: i64) -> PluginResult<()> {
         if ptr == 0 {
             return Ok(());
         }
-        let (index, allocator) = self.open(device)?;
-        allocator.free(ptr).map_err(PluginError::allocator(index))
+        // A device never opened handed nothing out: do not open it for a free.
+        let index = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES);
+        let Some((index, slot)) = index.and_then(|i| self.slots[i].get().map(|s| (i, s))) else {
+            return Err(PluginError::UnknownPointer(ptr));
+        };
+        slot.allocator
+            .free(ptr)
+            .map_err(PluginError::allocator(index))
     }
 
     /// Marks `ptr` as used by `stream`, so its free waits for the work queued
@@ -374,7 +391,17 @@ mod tests {
             Err(PluginError::UnknownPointer(_))
         ));
         assert!(registry.set_memory_fraction(1.5, 0).is_err());
+        // A free never opens a device: one never opened handed nothing out.
+        assert!(matches!(
+            registry.free(0x1000, 5),
+            Err(PluginError::UnknownPointer(0x1000))
+        ));
+        assert!(matches!(
+            registry.free(0x1000, -3),
+            Err(PluginError::UnknownPointer(0x1000))
+        ));
         assert_eq!(opened.load(Ordering::SeqCst), 1);
+        assert!(registry.any_open());
         registry.device(0).unwrap().validate().unwrap();
     }
 
