@@ -39,9 +39,13 @@ fn registry() -> PluginResult<&'static Registry> {
 
 /// Saves the caller's CUDA context around calls that may reach a device other
 /// than the current one (frees, record_stream, empty_cache, memory fractions).
-/// Nothing to save before any device is open: no driver call has been made.
+/// Only with two devices or more open can such a call switch the thread to a
+/// context PyTorch uses for another device; with one, the only context the
+/// backend ever makes current is the one PyTorch uses for it.
 fn keep_context(registry: &Registry) -> Option<ContextRestore> {
-    registry.any_open().then(ContextRestore::save).flatten()
+    (registry.open_count() > 1)
+        .then(ContextRestore::save)
+        .flatten()
 }
 
 fn stream_id(stream: *mut c_void) -> StreamId {

@@ -11,7 +11,7 @@
 //! in [`crate::ffi`], so the `cachalot` library keeps no singletons.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cachalot::history::{History, HistoryConfig};
@@ -87,8 +87,8 @@ pub struct Registry {
     slots: Box<[OnceLock<Slot>]>,
     /// Held while a device's allocator is being created, so it is created once.
     creating: Mutex<()>,
-    /// Whether any device has been opened.
-    any_open: AtomicBool,
+    /// How many devices have been opened.
+    open_count: AtomicUsize,
     /// History recording, applied to devices created later too.
     recording: Mutex<Recording>,
 }
@@ -113,7 +113,7 @@ impl Registry {
             factory,
             slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
             creating: Mutex::new(()),
-            any_open: AtomicBool::new(false),
+            open_count: AtomicUsize::new(0),
             recording: Mutex::new(Recording::default()),
         }
     }
@@ -163,13 +163,13 @@ impl Registry {
             allocator: opened.allocator,
             streams: opened.register_stream.map(KnownStreams::new),
         };
-        self.any_open.store(true, Ordering::Release);
+        self.open_count.fetch_add(1, Ordering::Release);
         Ok((index, cell.get_or_init(|| slot)))
     }
 
-    /// Whether any device has been opened (cheap: one atomic load).
-    pub fn any_open(&self) -> bool {
-        self.any_open.load(Ordering::Acquire)
+    /// How many devices have been opened (cheap: one atomic load).
+    pub fn open_count(&self) -> usize {
+        self.open_count.load(Ordering::Acquire)
     }
 
     /// The devices created so far, by ordinal.
@@ -401,7 +401,7 @@ mod tests {
             Err(PluginError::UnknownPointer(0x1000))
         ));
         assert_eq!(opened.load(Ordering::SeqCst), 1);
-        assert!(registry.any_open());
+        assert_eq!(registry.open_count(), 1);
         registry.device(0).unwrap().validate().unwrap();
     }
 
