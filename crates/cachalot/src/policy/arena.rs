@@ -54,7 +54,7 @@ impl<I: ArenaId, T> Default for Arena<I, T> {
 impl<I: ArenaId, T: fmt::Debug> fmt::Debug for Arena<I, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
-            .entries(self.iter().map(|(i, v)| (i, v)))
+            .entries(self.iter())
             .finish()
     }
 }

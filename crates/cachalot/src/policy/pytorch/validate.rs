@@ -61,7 +61,7 @@ impl State {
             );
             if let Some(es) = &seg.expandable {
                 let aligned =
-                    b.mapped || ((b.addr - seg.base) % es.page == 0 && b.size % es.page == 0);
+                    b.mapped || ((b.addr - seg.base).is_multiple_of(es.page) && b.size.is_multiple_of(es.page));
                 ensure_invariant!(aligned, "unmapped block {id:?} is not page-aligned");
                 ensure_invariant!(
                     es.pages_are(b.addr - seg.base, b.size, b.mapped),
