@@ -118,8 +118,8 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 /// Builds the allocator for `config.policy` on `backend`.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration the policy cannot run, or a
-/// policy not built yet.
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
+/// the policy cannot run.
 pub fn create(
     backend: Arc<dyn Backend>,
     config: AllocatorConfig,

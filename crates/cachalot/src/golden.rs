@@ -21,7 +21,7 @@ use thiserror::Error;
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::sim::SimBackend;
-use crate::backend::StreamId;
+use crate::backend::{Backend, StreamId};
 use crate::config::{AllocatorConfig, MIB};
 use crate::error::{format_size, Error, OomReport};
 use crate::policy::PytorchAllocator;
@@ -144,6 +144,17 @@ pub fn load(path: &Path) -> Result<Vec<GoldenEntry>, GoldenError> {
 /// Replays one entry through a fresh `pytorch` allocator on a simulated device of
 /// `capacity` bytes (the entry's `total_memory` for the out-of-memory entry).
 pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
+    let capacity = entry
+        .total_memory
+        .filter(|_| entry.ops.is_none())
+        .unwrap_or(capacity);
+    check_on(entry, Arc::new(SimBackend::new(capacity)))
+}
+
+/// Replays one entry through a fresh `pytorch` allocator on `backend` (a real GPU,
+/// say). The out-of-memory entry needs a device of the entry's `total_memory`
+/// bytes to reproduce PyTorch's figures.
+pub fn check_on(entry: &GoldenEntry, backend: Arc<dyn Backend>) -> Outcome {
     let mut out = Outcome {
         name: entry.name.clone(),
         ..Outcome::default()
@@ -152,11 +163,6 @@ pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
         Ok(c) => c,
         Err(e) => return failed(out, "conf", &entry.conf, &e.to_string()),
     };
-    let capacity = entry
-        .total_memory
-        .filter(|_| entry.ops.is_none())
-        .unwrap_or(capacity);
-    let backend = Arc::new(SimBackend::new(capacity));
     let alloc = match PytorchAllocator::new(backend, config) {
         Ok(a) => a,
         Err(e) => return failed(out, "allocator", "created", &e.to_string()),

@@ -24,6 +24,7 @@ mod registry;
 
 use std::ffi::c_void;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -32,7 +33,8 @@ use cudarc::driver::sys::{self, CUresult};
 use self::driver::{check, Context};
 use self::registry::Registry;
 use super::{
-    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
+    PageHandle, StreamId,
 };
 
 /// One GPU, driven through the CUDA driver. See the module docs.
@@ -40,6 +42,8 @@ pub struct CudaBackend {
     caps: Capabilities,
     ctx: Context,
     registry: RwLock<Registry>,
+    /// Trait calls by kind (index: the kind's position in [`CallKind::ALL`]).
+    calls: [AtomicU64; CallKind::ALL.len()],
 }
 
 impl fmt::Debug for CudaBackend {
@@ -84,6 +88,7 @@ impl CudaBackend {
             caps,
             ctx,
             registry: RwLock::new(Registry::default()),
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 
@@ -117,6 +122,19 @@ impl CudaBackend {
 
     fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, call: CallKind) {
+        self.calls[call as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times each [`Backend`] method was called (failed calls included),
+    /// by kind, in [`CallKind::ALL`] order.
+    pub fn call_counts(&self) -> Vec<(CallKind, u64)> {
+        CallKind::ALL
+            .iter()
+            .map(|k| (*k, self.calls[*k as usize].load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Bytes in live segments and pages obtained through this backend.
@@ -153,7 +171,9 @@ impl CudaBackend {
         self.ctx.bind(call)?;
         // SAFETY: the stream was created by this backend and was live until the line
         // above forgot it; nothing else destroys it.
-        check(call, 0, || unsafe { sys::cuStreamDestroy_v2(stream_handle(stream)) })
+        check(call, 0, || unsafe {
+            sys::cuStreamDestroy_v2(stream_handle(stream))
+        })
     }
 
     /// Lets work be queued on a stream created outside this backend (by PyTorch, say).
@@ -177,7 +197,13 @@ impl CudaBackend {
     /// [`BackendError::InvalidArgument`] when the words are not all inside live
     /// device memory of this backend or `ptr` is not 4-byte aligned;
     /// [`BackendError::InvalidAddress`] for an unknown stream.
-    pub fn fill_u32(&self, ptr: DevicePtr, value: u32, count: u64, stream: StreamId) -> BackendResult<()> {
+    pub fn fill_u32(
+        &self,
+        ptr: DevicePtr,
+        value: u32,
+        count: u64,
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         if ptr % 4 != 0 {
@@ -205,7 +231,12 @@ impl CudaBackend {
     ///
     /// # Errors
     /// As for [`CudaBackend::fill_u32`].
-    pub fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8], stream: StreamId) -> BackendResult<()> {
+    pub fn copy_to_host(
+        &self,
+        src: DevicePtr,
+        dst: &mut [u8],
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         reg.check_accessible(call, src, dst.len() as u64)?;
@@ -227,7 +258,12 @@ impl CudaBackend {
     ///
     /// # Errors
     /// As for [`CudaBackend::fill_u32`].
-    pub fn copy_from_host(&self, src: &[u8], dst: DevicePtr, stream: StreamId) -> BackendResult<()> {
+    pub fn copy_from_host(
+        &self,
+        src: &[u8],
+        dst: DevicePtr,
+        stream: StreamId,
+    ) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
         let reg = self.read();
         reg.check_accessible(call, dst, src.len() as u64)?;
@@ -259,7 +295,11 @@ impl CudaBackend {
         // argument is a number smuggled in the pointer, never dereferenced. The
         // stream is known to this backend.
         check(call, 0, || unsafe {
-            sys::cuLaunchHostFunc(stream_handle(stream), Some(sleep_host), micros as *mut c_void)
+            sys::cuLaunchHostFunc(
+                stream_handle(stream),
+                Some(sleep_host),
+                micros as *mut c_void,
+            )
         })
     }
 }
@@ -277,10 +317,13 @@ impl Backend for CudaBackend {
 
     fn mem_info(&self) -> BackendResult<MemInfo> {
         let call = CallKind::MemInfo;
+        self.count(call);
         self.ctx.bind(call)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: the context is current; both are valid out-pointers.
-        check(call, 0, || unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
         Ok(MemInfo {
             free: free as u64,
             total: total as u64,
@@ -289,19 +332,26 @@ impl Backend for CudaBackend {
 
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::SegmentAlloc;
+        self.count(call);
         Registry::check_size(call, size, 0)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is current and `ptr` is a valid out-pointer.
-        check(call, size, || unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) })?;
+        check(call, size, || unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes)
+        })?;
         reg.add_segment(ptr, size);
         Ok(ptr)
     }
 
     fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
         let call = CallKind::SegmentFree;
+        self.count(call);
         let mut reg = self.write();
         reg.check_segment(ptr)?;
         self.ctx.bind(call)?;
@@ -313,9 +363,13 @@ impl Backend for CudaBackend {
 
     fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::ReserveRange;
+        self.count(call);
         self.require_virtual_memory(call)?;
         Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let align = self.caps.granularity as usize;
         let mut reg = self.write();
         self.ctx.bind(call)?;
@@ -331,34 +385,44 @@ impl Backend for CudaBackend {
 
     fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::ReleaseRange;
+        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         reg.check_range_release(base, size)?;
         self.ctx.bind(call)?;
         // SAFETY: `base`/`size` is exactly a live reserved range with nothing mapped.
-        check(call, 0, || unsafe { sys::cuMemAddressFree(base, size as usize) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemAddressFree(base, size as usize)
+        })?;
         reg.remove_range(base);
         Ok(())
     }
 
     fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
         let call = CallKind::CreatePage;
+        self.count(call);
         self.require_virtual_memory(call)?;
         Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory { call, requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
         let prop = driver::page_properties(self.ctx.device());
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: the context is current; `prop` is fully initialised on our stack;
         // `handle` is a valid out-pointer; the size is a granularity multiple.
-        check(call, size, || unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) })?;
+        check(call, size, || unsafe {
+            sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+        })?;
         reg.add_page(PageHandle(handle), size);
         Ok(PageHandle(handle))
     }
 
     fn release_page(&self, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::ReleasePage;
+        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         reg.check_page_release(page)?;
@@ -371,6 +435,7 @@ impl Backend for CudaBackend {
 
     fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::Map;
+        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         let size = reg.check_map(addr, page, self.caps.granularity)?;
@@ -378,13 +443,19 @@ impl Backend for CudaBackend {
         let bytes = size as usize;
         // SAFETY: the whole page fits at an aligned address inside a reserved range
         // with no mapping there (checked); the page is live.
-        check(call, 0, || unsafe { sys::cuMemMap(addr, bytes, 0, page.0, 0) })?;
+        check(call, 0, || unsafe {
+            sys::cuMemMap(addr, bytes, 0, page.0, 0)
+        })?;
         let desc = driver::access_descriptor(self.ctx.device());
         // SAFETY: `addr`/`bytes` is exactly the mapping made above; `desc` is one
         // initialised descriptor on our stack.
-        if let Err(e) = check(call, 0, || unsafe { sys::cuMemSetAccess(addr, bytes, &desc, 1) }) {
+        if let Err(e) = check(call, 0, || unsafe {
+            sys::cuMemSetAccess(addr, bytes, &desc, 1)
+        }) {
             // SAFETY: undoes the mapping made above, which nothing else knows of.
-            let _ = check(CallKind::Unmap, 0, || unsafe { sys::cuMemUnmap(addr, bytes) });
+            let _ = check(CallKind::Unmap, 0, || unsafe {
+                sys::cuMemUnmap(addr, bytes)
+            });
             return Err(e);
         }
         reg.add_mapping(addr, page, size);
@@ -393,13 +464,16 @@ impl Backend for CudaBackend {
 
     fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::Unmap;
+        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         let mappings = reg.check_unmap(addr, size)?;
         self.ctx.bind(call)?;
         for m in mappings {
             // SAFETY: `m` is one live mapping of a whole page, as recorded by `map`.
-            check(call, 0, || unsafe { sys::cuMemUnmap(m.addr, m.size as usize) })?;
+            check(call, 0, || unsafe {
+                sys::cuMemUnmap(m.addr, m.size as usize)
+            })?;
             reg.remove_mapping(m);
         }
         Ok(())
@@ -407,6 +481,7 @@ impl Backend for CudaBackend {
 
     fn create_event(&self) -> BackendResult<EventId> {
         let call = CallKind::CreateEvent;
+        self.count(call);
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
@@ -420,17 +495,21 @@ impl Backend for CudaBackend {
 
     fn destroy_event(&self, event: EventId) -> BackendResult<()> {
         let call = CallKind::DestroyEvent;
+        self.count(call);
         let mut reg = self.write();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
         // SAFETY: the event is live and created by this backend.
-        check(call, 0, || unsafe { sys::cuEventDestroy_v2(event_handle(event)) })?;
+        check(call, 0, || unsafe {
+            sys::cuEventDestroy_v2(event_handle(event))
+        })?;
         reg.remove_event(event);
         Ok(())
     }
 
     fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
         let call = CallKind::RecordEvent;
+        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         reg.check_stream(call, stream)?;
@@ -444,6 +523,7 @@ impl Backend for CudaBackend {
 
     fn query_event(&self, event: EventId) -> BackendResult<bool> {
         let call = CallKind::QueryEvent;
+        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
@@ -460,24 +540,31 @@ impl Backend for CudaBackend {
 
     fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
         let call = CallKind::SynchronizeEvent;
+        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
         // SAFETY: the event is live (checked; the read lock keeps it so while we wait).
-        check(call, 0, || unsafe { sys::cuEventSynchronize(event_handle(event)) })
+        check(call, 0, || unsafe {
+            sys::cuEventSynchronize(event_handle(event))
+        })
     }
 
     fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
+        self.count(call);
         let reg = self.read();
         reg.check_stream(call, stream)?;
         self.ctx.bind(call)?;
         // SAFETY: the stream is known (checked; the read lock keeps it so while we wait).
-        check(call, 0, || unsafe { sys::cuStreamSynchronize(stream_handle(stream)) })
+        check(call, 0, || unsafe {
+            sys::cuStreamSynchronize(stream_handle(stream))
+        })
     }
 
     fn synchronize_device(&self) -> BackendResult<()> {
         let call = CallKind::SynchronizeDevice;
+        self.count(call);
         self.ctx.bind(call)?;
         // SAFETY: the context is current; the call takes no arguments.
         check(call, 0, || unsafe { sys::cuCtxSynchronize() })
@@ -489,7 +576,10 @@ impl CudaBackend {
         if self.caps.virtual_memory {
             Ok(())
         } else {
-            Err(BackendError::Unsupported { call, backend: "cuda" })
+            Err(BackendError::Unsupported {
+                call,
+                backend: "cuda",
+            })
         }
     }
 }
@@ -512,7 +602,9 @@ impl Drop for CudaBackend {
             });
         }
         for page in left.pages {
-            let _ = check(CallKind::ReleasePage, 0, || unsafe { sys::cuMemRelease(page.0) });
+            let _ = check(CallKind::ReleasePage, 0, || unsafe {
+                sys::cuMemRelease(page.0)
+            });
         }
         for (base, size) in left.ranges {
             let _ = check(CallKind::ReleaseRange, 0, || unsafe {
@@ -520,7 +612,9 @@ impl Drop for CudaBackend {
             });
         }
         for ptr in left.segments {
-            let _ = check(CallKind::SegmentFree, 0, || unsafe { sys::cuMemFree_v2(ptr) });
+            let _ = check(CallKind::SegmentFree, 0, || unsafe {
+                sys::cuMemFree_v2(ptr)
+            });
         }
         for event in left.events {
             let _ = check(CallKind::DestroyEvent, 0, || unsafe {
@@ -540,6 +634,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn call_kinds_index_the_counters() {
+        for (i, kind) in CallKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i);
+        }
+    }
+
+    #[test]
     fn new_never_panics_and_reports_unavailability() {
         match CudaBackend::new(0) {
             Ok(gpu) => {
@@ -549,7 +650,10 @@ mod tests {
                     Err(BackendError::InvalidAddress { .. })
                 ));
             }
-            Err(e) => assert!(matches!(e, BackendError::Unavailable(_)), "unexpected error: {e}"),
+            Err(e) => assert!(
+                matches!(e, BackendError::Unavailable(_)),
+                "unexpected error: {e}"
+            ),
         }
         assert!(CudaBackend::new(usize::MAX).is_err());
     }

@@ -53,9 +53,7 @@ impl<I: ArenaId, T> Default for Arena<I, T> {
 
 impl<I: ArenaId, T: fmt::Debug> fmt::Debug for Arena<I, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(self.iter())
-            .finish()
+        f.debug_map().entries(self.iter()).finish()
     }
 }
 

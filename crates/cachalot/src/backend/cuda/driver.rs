@@ -16,10 +16,16 @@ use crate::backend::{BackendError, BackendResult, CallKind};
 /// from an old driver) and mapping the result code: out-of-memory becomes
 /// [`BackendError::OutOfMemory`] for `requested` bytes, any other failure
 /// [`BackendError::Device`].
-pub(super) fn check(call: CallKind, requested: u64, f: impl FnOnce() -> CUresult) -> BackendResult<()> {
+pub(super) fn check(
+    call: CallKind,
+    requested: u64,
+    f: impl FnOnce() -> CUresult,
+) -> BackendResult<()> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(CUresult::CUDA_SUCCESS) => Ok(()),
-        Ok(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => Err(BackendError::OutOfMemory { call, requested }),
+        Ok(CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
+            Err(BackendError::OutOfMemory { call, requested })
+        }
         Ok(code) => Err(BackendError::Device {
             call,
             message: error_name(code),
@@ -46,7 +52,9 @@ pub(super) fn error_name(code: CUresult) -> String {
     // SAFETY: cuGetErrorName only writes a pointer to a static string (or leaves it
     // null) and has no other effect; the driver library is loaded before any call
     // reaches here because every caller passed through `load`.
-    let got = catch_unwind(AssertUnwindSafe(|| unsafe { sys::cuGetErrorName(code, &mut text) }));
+    let got = catch_unwind(AssertUnwindSafe(|| unsafe {
+        sys::cuGetErrorName(code, &mut text)
+    }));
     if matches!(got, Ok(CUresult::CUDA_SUCCESS)) && !text.is_null() {
         // SAFETY: on success the driver points `text` at a NUL-terminated static string.
         let name = unsafe { CStr::from_ptr(text) };
@@ -59,7 +67,10 @@ pub(super) fn error_name(code: CUresult) -> String {
 /// a missing library or a failed `cuInit` is [`BackendError::Unavailable`].
 pub(super) fn load() -> BackendResult<()> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
-    LOADED.get_or_init(load_once).clone().map_err(BackendError::Unavailable)
+    LOADED
+        .get_or_init(load_once)
+        .clone()
+        .map_err(BackendError::Unavailable)
 }
 
 fn load_once() -> Result<(), String> {
@@ -73,8 +84,13 @@ fn load_once() -> Result<(), String> {
     // pointers.
     match catch_unwind(|| unsafe { sys::cuInit(0) }) {
         Ok(CUresult::CUDA_SUCCESS) => Ok(()),
-        Ok(CUresult::CUDA_ERROR_NO_DEVICE) => Err("no GPU (the CUDA driver sees no device)".to_string()),
-        Ok(code) => Err(format!("no CUDA driver (cuInit failed: {})", error_name(code))),
+        Ok(CUresult::CUDA_ERROR_NO_DEVICE) => {
+            Err("no GPU (the CUDA driver sees no device)".to_string())
+        }
+        Ok(code) => Err(format!(
+            "no CUDA driver (cuInit failed: {})",
+            error_name(code)
+        )),
         Err(_) => Err("no CUDA driver (the library lacks cuInit)".to_string()),
     }
 }
@@ -84,7 +100,9 @@ pub(super) fn device_count() -> BackendResult<usize> {
     load()?;
     let mut n: c_int = 0;
     // SAFETY: the driver is initialised (load) and `n` is a valid out-pointer.
-    check(CallKind::MemInfo, 0, || unsafe { sys::cuDeviceGetCount(&mut n) })?;
+    check(CallKind::MemInfo, 0, || unsafe {
+        sys::cuDeviceGetCount(&mut n)
+    })?;
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
@@ -93,7 +111,9 @@ pub(super) fn driver_version() -> BackendResult<(u32, u32)> {
     load()?;
     let mut v: c_int = 0;
     // SAFETY: the driver is initialised (load) and `v` is a valid out-pointer.
-    check(CallKind::MemInfo, 0, || unsafe { sys::cuDriverGetVersion(&mut v) })?;
+    check(CallKind::MemInfo, 0, || unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
     let v = u32::try_from(v).unwrap_or(0);
     Ok((v / 1000, (v % 1000) / 10))
 }
@@ -130,10 +150,13 @@ impl Context {
                 "no GPU {ordinal} (the driver sees {count})"
             )));
         }
-        let index = c_int::try_from(ordinal).map_err(|_| BackendError::Unavailable(format!("no GPU {ordinal}")))?;
+        let index = c_int::try_from(ordinal)
+            .map_err(|_| BackendError::Unavailable(format!("no GPU {ordinal}")))?;
         let mut device: sys::CUdevice = 0;
         // SAFETY: the driver is initialised and `index` is below the device count.
-        check(CallKind::MemInfo, 0, || unsafe { sys::cuDeviceGet(&mut device, index) })?;
+        check(CallKind::MemInfo, 0, || unsafe {
+            sys::cuDeviceGet(&mut device, index)
+        })?;
         let mut raw: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: `device` came from cuDeviceGet; `raw` is a valid out-pointer. The
         // matching release is in Drop.

@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::backend::{BackendError, BackendResult, CallKind, DevicePtr, EventId, PageHandle, StreamId};
+use crate::backend::{
+    BackendError, BackendResult, CallKind, DevicePtr, EventId, PageHandle, StreamId,
+};
 
 /// One reserved range of address space and the pages mapped into it.
 #[derive(Debug)]
@@ -68,7 +70,8 @@ impl Registry {
     /// Checks that `size` is a positive multiple of `granularity` (when one is given).
     pub(super) fn check_size(call: CallKind, size: u64, granularity: u64) -> BackendResult<()> {
         if size == 0 || (granularity > 0 && size % granularity != 0) {
-            let reason = format!("size {size} is zero or not a multiple of the granularity {granularity}");
+            let reason =
+                format!("size {size} is zero or not a multiple of the granularity {granularity}");
             return Err(invalid_argument(call, reason));
         }
         Ok(())
@@ -81,11 +84,14 @@ impl Registry {
 
     /// Checks that `ptr` is a live segment's base.
     pub(super) fn check_segment(&self, ptr: DevicePtr) -> BackendResult<u64> {
-        self.segments.get(&ptr).copied().ok_or(BackendError::InvalidAddress {
-            call: CallKind::SegmentFree,
-            what: "segment",
-            value: ptr,
-        })
+        self.segments
+            .get(&ptr)
+            .copied()
+            .ok_or(BackendError::InvalidAddress {
+                call: CallKind::SegmentFree,
+                what: "segment",
+                value: ptr,
+            })
     }
 
     /// Forgets a freed segment.
@@ -121,7 +127,10 @@ impl Registry {
         if !range.mapped.is_empty() {
             return Err(invalid_argument(
                 call,
-                format!("range {base:#x} still has {} mapped pages", range.mapped.len()),
+                format!(
+                    "range {base:#x} still has {} mapped pages",
+                    range.mapped.len()
+                ),
             ));
         }
         Ok(())
@@ -166,7 +175,12 @@ impl Registry {
 
     /// Checks that the whole `page` fits at `addr`, aligned, inside one reserved
     /// range, overlapping no mapping. Returns the page's size.
-    pub(super) fn check_map(&self, addr: DevicePtr, page: PageHandle, granularity: u64) -> BackendResult<u64> {
+    pub(super) fn check_map(
+        &self,
+        addr: DevicePtr,
+        page: PageHandle,
+        granularity: u64,
+    ) -> BackendResult<u64> {
         let call = CallKind::Map;
         let p = self.pages.get(&page).ok_or(BackendError::InvalidAddress {
             call,
@@ -182,11 +196,17 @@ impl Registry {
                 .range(..=addr)
                 .next_back()
                 .is_none_or(|(a, (_, s))| a + s <= addr);
-            let after = r.mapped.range(addr..).next().is_none_or(|(a, _)| *a >= addr + size);
+            let after = r
+                .mapped
+                .range(addr..)
+                .next()
+                .is_none_or(|(a, _)| *a >= addr + size);
             aligned && inside && before && after
         });
         if !fits {
-            let reason = format!("cannot map {size} bytes at {addr:#x}: misaligned, unreserved or overlapping");
+            let reason = format!(
+                "cannot map {size} bytes at {addr:#x}: misaligned, unreserved or overlapping"
+            );
             return Err(invalid_argument(call, reason));
         }
         Ok(size)
@@ -276,10 +296,14 @@ impl Registry {
         }
     }
 
-    /// Checks that work may be queued on `stream`: the default stream, a stream
-    /// this backend created or one registered with it.
+    /// Checks that work may be queued on `stream`: the default stream (0, or the
+    /// driver's special handles `CU_STREAM_LEGACY` = 1 and `CU_STREAM_PER_THREAD` =
+    /// 2), a stream this backend created or one registered with it.
     pub(super) fn check_stream(&self, call: CallKind, stream: StreamId) -> BackendResult<()> {
-        if stream == StreamId::DEFAULT || self.own_streams.contains(&stream) || self.foreign_streams.contains(&stream) {
+        if stream.0 <= 2
+            || self.own_streams.contains(&stream)
+            || self.foreign_streams.contains(&stream)
+        {
             Ok(())
         } else {
             Err(BackendError::InvalidAddress {
@@ -310,7 +334,12 @@ impl Registry {
 
     /// Checks that `len` bytes from `ptr` lie inside one live segment or inside
     /// contiguously mapped pages of one range.
-    pub(super) fn check_accessible(&self, call: CallKind, ptr: DevicePtr, len: u64) -> BackendResult<()> {
+    pub(super) fn check_accessible(
+        &self,
+        call: CallKind,
+        ptr: DevicePtr,
+        len: u64,
+    ) -> BackendResult<()> {
         let Some(end) = ptr.checked_add(len) else {
             return Err(invalid_argument(
                 call,
@@ -404,15 +433,28 @@ mod tests {
     fn access_checks_cover_segments_and_mapped_pages() {
         let mut r = Registry::default();
         r.add_segment(0x1000_0000, 4096);
-        assert!(r.check_accessible(CallKind::SegmentAlloc, 0x1000_0000, 4096).is_ok());
-        assert!(r.check_accessible(CallKind::SegmentAlloc, 0x1000_0800, 2048).is_ok());
-        assert!(r.check_accessible(CallKind::SegmentAlloc, 0x1000_0800, 2049).is_err());
-        assert!(r.check_accessible(CallKind::SegmentAlloc, 0x0fff_ffff, 2).is_err());
-        assert!(r.check_accessible(CallKind::SegmentAlloc, u64::MAX, 2).is_err());
+        assert!(r
+            .check_accessible(CallKind::SegmentAlloc, 0x1000_0000, 4096)
+            .is_ok());
+        assert!(r
+            .check_accessible(CallKind::SegmentAlloc, 0x1000_0800, 2048)
+            .is_ok());
+        assert!(r
+            .check_accessible(CallKind::SegmentAlloc, 0x1000_0800, 2049)
+            .is_err());
+        assert!(r
+            .check_accessible(CallKind::SegmentAlloc, 0x0fff_ffff, 2)
+            .is_err());
+        assert!(r
+            .check_accessible(CallKind::SegmentAlloc, u64::MAX, 2)
+            .is_err());
 
         let base = 0x7000_0000_0000;
         r.add_range(base, 4 * G);
-        for (i, page) in [PageHandle(1), PageHandle(2), PageHandle(3)].into_iter().enumerate() {
+        for (i, page) in [PageHandle(1), PageHandle(2), PageHandle(3)]
+            .into_iter()
+            .enumerate()
+        {
             r.add_page(page, G);
             if i != 1 {
                 let addr = base + i as u64 * G;
@@ -436,14 +478,26 @@ mod tests {
         let base = 0x7000_0000_0000;
         r.add_range(base, 2 * G);
         r.add_page(PageHandle(7), G);
-        assert!(r.check_map(base + 4096, PageHandle(7), G).is_err(), "misaligned");
-        assert!(r.check_map(base + 2 * G, PageHandle(7), G).is_err(), "outside");
+        assert!(
+            r.check_map(base + 4096, PageHandle(7), G).is_err(),
+            "misaligned"
+        );
+        assert!(
+            r.check_map(base + 2 * G, PageHandle(7), G).is_err(),
+            "outside"
+        );
         assert!(r.check_map(base, PageHandle(8), G).is_err(), "unknown page");
         r.add_mapping(base, PageHandle(7), G);
         assert!(r.check_map(base, PageHandle(7), G).is_err(), "overlap");
         assert!(r.check_page_release(PageHandle(7)).is_err(), "still mapped");
-        assert!(r.check_range_release(base, 2 * G).is_err(), "range still mapped");
-        assert!(r.check_unmap(base, 2 * G).is_err(), "second page not mapped");
+        assert!(
+            r.check_range_release(base, 2 * G).is_err(),
+            "range still mapped"
+        );
+        assert!(
+            r.check_unmap(base, 2 * G).is_err(),
+            "second page not mapped"
+        );
         let maps = r.check_unmap(base, G).expect("whole mapped page");
         assert_eq!(
             maps,
@@ -464,11 +518,20 @@ mod tests {
     #[test]
     fn streams_and_events_must_be_known() {
         let mut r = Registry::default();
-        assert!(r.check_stream(CallKind::RecordEvent, StreamId::DEFAULT).is_ok());
-        assert!(r.check_stream(CallKind::RecordEvent, StreamId(0xdead)).is_err());
+        assert!(r
+            .check_stream(CallKind::RecordEvent, StreamId::DEFAULT)
+            .is_ok());
+        assert!(r
+            .check_stream(CallKind::RecordEvent, StreamId(0xdead))
+            .is_err());
         r.add_stream(StreamId(0xdead), false);
-        assert!(r.check_stream(CallKind::RecordEvent, StreamId(0xdead)).is_ok());
-        assert!(r.take_own_stream(StreamId(0xdead)).is_err(), "not ours to destroy");
+        assert!(r
+            .check_stream(CallKind::RecordEvent, StreamId(0xdead))
+            .is_ok());
+        assert!(
+            r.take_own_stream(StreamId(0xdead)).is_err(),
+            "not ours to destroy"
+        );
         assert!(r.remove_foreign_stream(StreamId(0xdead)));
         r.add_event(EventId(5));
         assert!(r.check_event(CallKind::QueryEvent, EventId(5)).is_ok());
@@ -486,8 +549,14 @@ mod tests {
         r.add_stream(StreamId(9), true);
         assert_eq!(r.live_bytes(), 512 + G);
         let left = r.drain();
-        assert_eq!((left.mappings.len(), left.pages.len(), left.ranges.len()), (1, 1, 1));
-        assert_eq!((left.segments.len(), left.events.len(), left.streams.len()), (1, 1, 1));
+        assert_eq!(
+            (left.mappings.len(), left.pages.len(), left.ranges.len()),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (left.segments.len(), left.events.len(), left.streams.len()),
+            (1, 1, 1)
+        );
         assert_eq!(r.live_bytes(), 0);
         assert!(r.drain().segments.is_empty());
     }

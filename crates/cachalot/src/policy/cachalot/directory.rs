@@ -110,6 +110,11 @@ impl Directory {
         Some(entry)
     }
 
+    /// Holds off new streams while the guard lives.
+    pub(crate) fn freeze(&self) -> MutexGuard<'_, ()> {
+        self.grow.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The stream whose reserved range holds `ptr`, if any.
     pub(crate) fn owner_of(&self, ptr: DevicePtr) -> Option<&StreamEntry> {
         self.iter().find(|e| e.ranges.contains(ptr))

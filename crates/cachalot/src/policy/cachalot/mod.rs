@@ -279,7 +279,7 @@ impl DeviceAllocator for CachalotAllocator {
         }
         let total = self.backend.capabilities().total_memory;
         self.pages
-            .set_limit((fraction < 1.0).then(|| (fraction * total as f64) as u64));
+            .set_limit((fraction < 1.0).then_some((fraction * total as f64) as u64));
         Ok(())
     }
 
@@ -315,11 +315,14 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {
+        // No new stream, and every stream locked at once (in table order; nothing
+        // else holds two), so no page is between its creation and its mapping.
+        let _frozen = self.streams.freeze();
+        let locked: Vec<_> = self.streams.iter().map(|e| (e.stream, e.lock())).collect();
         let mut reserved = 0;
-        for entry in self.streams.iter() {
-            let st = entry.lock();
+        for (stream, st) in &locked {
             st.validate()
-                .map_err(|e| InvariantViolation(format!("{}: {e}", entry.stream)))?;
+                .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
             reserved += st.reserved();
         }
         crate::ensure_invariant!(

@@ -21,6 +21,10 @@ use super::ledger::Ledger;
 use super::pages::Pages;
 use super::pool::{Pool, SMALL_MAX};
 
+/// Without virtual memory, how far (a fraction) reserved bytes may exceed the
+/// peak of active bytes before idle segments are freed ahead of a new one.
+const SEGMENT_SLACK: f64 = 0.05;
+
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
 struct Pending {
@@ -162,6 +166,9 @@ impl StreamState {
         let place = match self.pools[p].place(size) {
             Some(place) => place,
             None => {
+                if self.over_budget(size) {
+                    self.release_cached(pages, 0)?;
+                }
                 if let Err(e) = self.pools[p].grow(pages, &mut self.ledger, size) {
                     if !e.is_out_of_memory() {
                         return Err(e);
@@ -183,6 +190,15 @@ impl StreamState {
             .splits_changed(p == 0, before, pool.heap.split_free());
         self.ledger.allocated(p == 0, place.at, size, requested);
         Ok(place.at)
+    }
+
+    /// Without virtual memory: whether growing by `size` bytes would take the
+    /// reserved bytes past the budget over the peak of active bytes, so idle
+    /// segments (which cannot fit the request) should go back first.
+    fn over_budget(&self, size: u64) -> bool {
+        let s = &self.ledger.stats;
+        let active = (s.active_bytes.all.current as u64 + size).max(s.active_bytes.all.peak as u64);
+        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + SEGMENT_SLACK) * active as f64
     }
 
     fn in_use(&self) -> u64 {

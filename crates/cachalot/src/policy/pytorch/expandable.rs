@@ -16,6 +16,28 @@ pub(crate) struct ExpandableSegment {
 /// A byte range `(offset, len)` relative to the segment base.
 pub(crate) type Span = (u64, u64);
 
+/// A page whose cleanup failed: still mapped at an address, or only unreleased.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Orphan {
+    /// Where it is still mapped (address, bytes), if it is.
+    pub(crate) mapped: Option<(DevicePtr, u64)>,
+    /// The page.
+    pub(crate) page: PageHandle,
+}
+
+impl Orphan {
+    /// Tries again to unmap and release the page; returns whether it is gone.
+    pub(crate) fn retry(&mut self, backend: &dyn Backend) -> bool {
+        if let Some((addr, size)) = self.mapped {
+            if backend.unmap(addr, size).is_err() {
+                return false;
+            }
+            self.mapped = None;
+        }
+        backend.release_page(self.page).is_ok()
+    }
+}
+
 /// What an unmap achieved: the pages actually unmapped, and the first failure.
 #[derive(Debug, Default)]
 pub(crate) struct Unmapped {
@@ -24,7 +46,7 @@ pub(crate) struct Unmapped {
     /// The backend error that stopped it early.
     pub(crate) error: Option<BackendError>,
     /// Pages unmapped whose release failed; to be retried later.
-    pub(crate) orphans: Vec<PageHandle>,
+    pub(crate) orphans: Vec<Orphan>,
 }
 
 impl ExpandableSegment {
@@ -60,20 +82,22 @@ impl ExpandableSegment {
 
     /// Maps the pages covering `[offset, offset + len)` (`offset` page-aligned).
     /// `Ok(None)` when the device is out of memory; nothing stays mapped then.
+    /// Pages whose cleanup after a failure failed go to `orphans`.
     pub(crate) fn map(
         &mut self,
         backend: &dyn Backend,
         base: DevicePtr,
         offset: u64,
         len: u64,
+        orphans: &mut Vec<Orphan>,
     ) -> BackendResult<Option<Span>> {
         let (begin, end) = (offset / self.page, (offset + len).div_ceil(self.page));
         let mut created = Vec::new();
         for _ in begin..end {
             match backend.create_page(self.page) {
-                Ok(h) => created.push(h),
+                Ok(page) => created.push(Orphan { mapped: None, page }),
                 Err(e) => {
-                    release_all(backend, &created);
+                    abandon(backend, created, orphans);
                     return if e.is_out_of_memory() {
                         Ok(None)
                     } else {
@@ -82,19 +106,16 @@ impl ExpandableSegment {
                 }
             }
         }
-        for (k, h) in created.iter().enumerate() {
+        for k in 0..created.len() {
             let addr = base + (begin + k as u64) * self.page;
-            if let Err(e) = backend.map(addr, *h) {
-                for j in 0..k as u64 {
-                    // Best effort: the mapping was made by us a moment ago.
-                    let _ = backend.unmap(base + (begin + j) * self.page, self.page);
-                }
-                release_all(backend, &created);
+            if let Err(e) = backend.map(addr, created[k].page) {
+                abandon(backend, created, orphans);
                 return Err(e);
             }
+            created[k].mapped = Some((addr, self.page));
         }
-        for (k, h) in created.into_iter().enumerate() {
-            self.pages[(begin as usize) + k] = Some(h);
+        for (k, o) in created.into_iter().enumerate() {
+            self.pages[(begin as usize) + k] = Some(o.page);
         }
         Ok(Some((begin * self.page, (end - begin) * self.page)))
     }
@@ -129,7 +150,10 @@ impl ExpandableSegment {
             }
             self.pages[done as usize] = None;
             if backend.release_page(handle).is_err() {
-                out.orphans.push(handle);
+                out.orphans.push(Orphan {
+                    mapped: None,
+                    page: handle,
+                });
             }
             done += 1;
         }
@@ -140,9 +164,11 @@ impl ExpandableSegment {
     }
 }
 
-fn release_all(backend: &dyn Backend, pages: &[PageHandle]) {
-    for h in pages {
-        // Best effort: these pages were never mapped.
-        let _ = backend.release_page(*h);
+/// Undoes a partial map; what cannot be undone now is kept for a later retry.
+fn abandon(backend: &dyn Backend, pages: Vec<Orphan>, orphans: &mut Vec<Orphan>) {
+    for mut o in pages {
+        if !o.retry(backend) {
+            orphans.push(o);
+        }
     }
 }

@@ -153,7 +153,14 @@ impl State {
         let Some(es) = seg.expandable.as_mut() else {
             return Ok(false);
         };
-        let Some((off, mapped)) = es.map(self.backend.as_ref(), base, b.addr - base, len)? else {
+        let Some((off, mapped)) = es.map(
+            self.backend.as_ref(),
+            base,
+            b.addr - base,
+            len,
+            &mut self.orphan_pages,
+        )?
+        else {
             return Ok(false);
         };
         let pool = if b.small {

@@ -155,7 +155,12 @@ mod tests {
         assert_eq!(p.round_size(512), 512);
         assert_eq!(p.round_size(513), 1024);
         let p4 = placement("roundup_power2_divisions:4");
-        assert_eq!(p4.round_size(1200), 1280);
+        assert_eq!(
+            p4.round_size(1200),
+            1536,
+            "at most 512 * divisions: plain rounding"
+        );
+        assert_eq!(p4.round_size(2500), 2560);
         assert_eq!(p4.round_size(2048), 2048);
         assert_eq!(p4.round_size(1_048_575), 1_048_576);
         assert_eq!(p4.round_size(5 * MIB + 1), 6 * MIB);

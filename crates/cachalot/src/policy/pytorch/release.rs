@@ -150,8 +150,7 @@ impl State {
     /// Retries releases that failed earlier.
     fn retry_orphans(&mut self) {
         let backend = self.backend.clone();
-        self.orphan_pages
-            .retain(|p| backend.release_page(*p).is_err());
+        self.orphan_pages.retain_mut(|o| !o.retry(backend.as_ref()));
         self.orphan_ranges
             .retain(|(base, size)| backend.release_range(*base, *size).is_err());
     }

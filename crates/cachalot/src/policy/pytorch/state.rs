@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::backend::{Backend, DevicePtr, EventId, PageHandle, StreamId};
+use crate::backend::{Backend, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 
 use super::block::{Block, BlockId, Blocks, PendingEvent, SegmentId, Segments};
+use super::expandable::Orphan;
 use super::ledger::Ledger;
 use super::placement::Placement;
 use super::pool::BlockPool;
@@ -61,8 +62,8 @@ pub(crate) struct State {
     pub(crate) ledger: Ledger,
     /// Segments obtained so far (the registration counter).
     pub(crate) registrations: u64,
-    /// Pages unmapped but not yet released (a release failed).
-    pub(crate) orphan_pages: Vec<PageHandle>,
+    /// Pages whose unmap or release failed, retried at `empty_cache`.
+    pub(crate) orphan_pages: Vec<Orphan>,
     /// Ranges emptied but not yet released (a release failed).
     pub(crate) orphan_ranges: Vec<(DevicePtr, u64)>,
 }

@@ -60,8 +60,9 @@ impl State {
                 "block {id:?} expandable flag is wrong"
             );
             if let Some(es) = &seg.expandable {
-                let aligned =
-                    b.mapped || ((b.addr - seg.base).is_multiple_of(es.page) && b.size.is_multiple_of(es.page));
+                let aligned = b.mapped
+                    || ((b.addr - seg.base).is_multiple_of(es.page)
+                        && b.size.is_multiple_of(es.page));
                 ensure_invariant!(aligned, "unmapped block {id:?} is not page-aligned");
                 ensure_invariant!(
                     es.pages_are(b.addr - seg.base, b.size, b.mapped),

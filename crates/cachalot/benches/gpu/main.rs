@@ -1,0 +1,298 @@
+//! cachalot's side of the GPU benchmark (scripts/gpu.sh runs it on a GPU machine,
+//! next to the native contenders in scripts/gpu/native_bench.py).
+//!
+//! For each op list and each policy (pytorch, cachalot) on the CUDA backend: ns per
+//! operation of the first pass and the median of the later passes (timed over the
+//! whole pass), the allocator's reserved bytes after the first pass, the device
+//! memory it took (cuMemGetInfo before and after the first pass), and what the
+//! simulator predicts for the same replay. Then the threaded pattern with 1, 2, 4
+//! and 8 threads, each on its own stream: total operations per microsecond.
+//!
+//! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
+//! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
+
+mod ops;
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use cachalot::backend::cuda::CudaBackend;
+use cachalot::backend::sim::SimBackend;
+use cachalot::backend::{Backend, StreamId};
+use cachalot::{allocator, AllocatorConfig, DeviceAllocator, PolicyKind};
+use serde_json::{json, Value};
+
+use ops::{Lcg, Op, OpList, PATTERN_SIZES, PATTERN_SLOTS};
+
+type BoxResult<T> = Result<T, Box<dyn Error>>;
+
+struct Args {
+    ops: PathBuf,
+    out: PathBuf,
+    passes: usize,
+    steps: u64,
+    threads: Vec<usize>,
+}
+
+fn parse_args() -> BoxResult<Args> {
+    let mut args = Args {
+        ops: PathBuf::new(),
+        out: PathBuf::new(),
+        passes: 20,
+        steps: 50_000,
+        threads: vec![1, 2, 4, 8],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--bench" {
+            continue; // cargo bench passes this
+        }
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--ops" => args.ops = value.into(),
+            "--out" => args.out = value.into(),
+            "--passes" => args.passes = value.parse()?,
+            "--steps" => args.steps = value.parse()?,
+            "--threads" => {
+                args.threads = value.split(',').map(str::parse).collect::<Result<_, _>>()?
+            }
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    if args.ops.as_os_str().is_empty() || args.out.as_os_str().is_empty() || args.passes == 0 {
+        return Err(
+            "usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]"
+                .into(),
+        );
+    }
+    Ok(args)
+}
+
+fn config(policy: PolicyKind) -> AllocatorConfig {
+    let mut config = AllocatorConfig::default();
+    config.policy = policy;
+    config
+}
+
+/// One pass over the op list; returns its duration (the timed region is the loop).
+fn pass(
+    alloc: &dyn DeviceAllocator,
+    list: &OpList,
+    streams: &[StreamId],
+    ptrs: &mut [u64],
+) -> BoxResult<Duration> {
+    let start = Instant::now();
+    for op in &list.ops {
+        match *op {
+            Op::Alloc { id, size, stream } => ptrs[id] = alloc.malloc(size, streams[stream])?,
+            Op::Free { id } => alloc.free(ptrs[id])?,
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// What the simulator predicts: reserved bytes after one pass on a simulated H100.
+fn simulated_reserved(list: &OpList, policy: PolicyKind) -> BoxResult<u64> {
+    let sim = Arc::new(SimBackend::h100());
+    let alloc = allocator::create(sim, config(policy))?;
+    let streams: Vec<StreamId> = (0..list.streams as u64)
+        .map(|s| StreamId(s * 0x100))
+        .collect();
+    let mut ptrs = vec![0; list.ids];
+    pass(alloc.as_ref(), list, &streams, &mut ptrs)?;
+    Ok(alloc.memory_reserved())
+}
+
+/// Memory calls (segments, pages, ranges, maps) and event calls the backend served
+/// so far.
+fn driver_calls(gpu: &CudaBackend) -> (u64, u64) {
+    let counts = gpu.call_counts();
+    let memory = counts
+        .iter()
+        .filter(|(k, _)| k.is_memory_call())
+        .map(|(_, n)| n)
+        .sum();
+    let events = counts
+        .iter()
+        .filter(|(k, _)| !k.is_memory_call())
+        .map(|(_, n)| n)
+        .sum();
+    (memory, events)
+}
+
+fn replay(
+    gpu: &Arc<CudaBackend>,
+    list: &OpList,
+    policy: PolicyKind,
+    passes: usize,
+) -> BoxResult<Value> {
+    let sim_reserved = simulated_reserved(list, policy)?;
+    let mut streams = vec![StreamId::DEFAULT];
+    for _ in 1..list.streams {
+        streams.push(gpu.create_stream()?);
+    }
+    let backend: Arc<dyn Backend> = gpu.clone();
+    let alloc = allocator::create(backend, config(policy))?;
+    let mut ptrs = vec![0; list.ids];
+    let free_before = gpu.mem_info()?.free;
+    let (mut ns, mut reserved_first, mut used_first) = (Vec::new(), 0, 0);
+    let start_calls = driver_calls(gpu);
+    let mut first_calls = start_calls;
+    for i in 0..passes {
+        let took = pass(alloc.as_ref(), list, &streams, &mut ptrs)?;
+        ns.push(took.as_nanos() as f64 / list.ops.len() as f64);
+        gpu.synchronize_device()?;
+        if i == 0 {
+            reserved_first = alloc.memory_reserved();
+            used_first = free_before.saturating_sub(gpu.mem_info()?.free);
+            first_calls = driver_calls(gpu);
+        }
+    }
+    let end_calls = driver_calls(gpu);
+    let later_passes = (passes.max(2) - 1) as f64;
+    alloc.validate()?;
+    let reserved_peak = alloc.max_memory_reserved();
+    alloc.empty_cache()?;
+    drop(alloc);
+    for s in streams.into_iter().skip(1) {
+        gpu.destroy_stream(s)?;
+    }
+    let mut later = ns[1.min(ns.len() - 1)..].to_vec();
+    later.sort_by(f64::total_cmp);
+    Ok(json!({
+        "ops": list.ops.len(),
+        "requested_bytes_per_pass": list.requested_bytes(),
+        "ns_per_op": ns,
+        "ns_first": ns[0],
+        "ns_steady": later[later.len() / 2],
+        "reserved_after_first": reserved_first,
+        "reserved_peak": reserved_peak,
+        "device_used_after_first": used_first,
+        "sim_reserved": sim_reserved,
+        "memory_calls_first": first_calls.0 - start_calls.0,
+        "memory_calls_per_later_pass": (end_calls.0 - first_calls.0) as f64 / later_passes,
+        // Less the bench's own synchronize after each pass.
+        "other_calls_per_later_pass": (end_calls.1 - first_calls.1) as f64 / later_passes - 1.0,
+    }))
+}
+
+/// Runs the threaded pattern on one thread's stream; returns operations done.
+fn run_pattern(
+    alloc: &dyn DeviceAllocator,
+    stream: StreamId,
+    seed: u64,
+    steps: u64,
+    live: &mut [u64],
+) -> BoxResult<u64> {
+    let mut lcg = Lcg(seed);
+    let mut done = 0;
+    for _ in 0..steps {
+        let r = lcg.next_draw();
+        let slot = (r % PATTERN_SLOTS) as usize;
+        if live[slot] != 0 {
+            alloc.free(live[slot])?;
+            done += 1;
+        }
+        live[slot] = alloc.malloc(
+            PATTERN_SIZES[((r >> 8) % PATTERN_SIZES.len() as u64) as usize],
+            stream,
+        )?;
+        done += 1;
+    }
+    Ok(done)
+}
+
+fn scaling(
+    gpu: &Arc<CudaBackend>,
+    policy: PolicyKind,
+    threads: usize,
+    steps: u64,
+) -> BoxResult<f64> {
+    let backend: Arc<dyn Backend> = gpu.clone();
+    let alloc = allocator::create(backend, config(policy))?;
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (alloc, gpu, barrier) = (alloc.clone(), gpu.clone(), barrier.clone());
+            std::thread::spawn(move || -> Result<(u64, Instant), String> {
+                let stream = gpu.create_stream().map_err(|e| e.to_string())?;
+                let mut live = vec![0u64; PATTERN_SLOTS as usize];
+                let warm = run_pattern(alloc.as_ref(), stream, t as u64 + 1, steps / 4, &mut live);
+                barrier.wait();
+                let done = warm.and_then(|_| {
+                    run_pattern(alloc.as_ref(), stream, t as u64 + 101, steps, &mut live)
+                });
+                let end = Instant::now();
+                for p in live.into_iter().filter(|p| *p != 0) {
+                    alloc.free(p).map_err(|e| e.to_string())?;
+                }
+                gpu.synchronize_stream(stream).map_err(|e| e.to_string())?;
+                gpu.destroy_stream(stream).map_err(|e| e.to_string())?;
+                Ok((done.map_err(|e| e.to_string())?, end))
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    let (mut total, mut last) = (0u64, start);
+    for h in handles {
+        let (done, end) = h.join().map_err(|_| "a bench thread panicked")??;
+        total += done;
+        last = last.max(end);
+    }
+    alloc.validate()?;
+    alloc.empty_cache()?;
+    Ok(total as f64 / (last - start).as_secs_f64() / 1e6)
+}
+
+fn main() -> BoxResult<()> {
+    let args = parse_args()?;
+    let gpu = match CudaBackend::new(0) {
+        Ok(gpu) => Arc::new(gpu),
+        Err(e) => {
+            println!("skipped: no GPU ({e})");
+            return Ok(());
+        }
+    };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&args.ops)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ops"))
+        .collect();
+    paths.sort();
+    let policies = [
+        ("cachalot:pytorch", PolicyKind::Pytorch),
+        ("cachalot:cachalot", PolicyKind::Cachalot),
+    ];
+    let mut replays = BTreeMap::new();
+    for path in &paths {
+        let list = OpList::read(path)?;
+        let mut by = BTreeMap::new();
+        for (key, policy) in policies {
+            let r = replay(&gpu, &list, policy, args.passes)?;
+            println!(
+                "{:16} {key:18} first {:8.0} ns/op  steady {:8.0} ns/op  reserved {}  device used {}  simulated {}",
+                list.name, r["ns_first"].as_f64().unwrap_or(0.0), r["ns_steady"].as_f64().unwrap_or(0.0),
+                r["reserved_after_first"], r["device_used_after_first"], r["sim_reserved"]
+            );
+            by.insert(key, r);
+        }
+        replays.insert(list.name.clone(), by);
+    }
+    let mut scalings = BTreeMap::new();
+    for (key, policy) in policies {
+        let mut by = BTreeMap::new();
+        for &threads in &args.threads {
+            let rate = scaling(&gpu, policy, threads, args.steps)?;
+            println!("scaling {key:18} {threads} threads: {rate:.2} ops/us");
+            by.insert(threads.to_string(), rate);
+        }
+        scalings.insert(key, by);
+    }
+    let caps = gpu.capabilities();
+    let out = json!({ "gpu": caps.name, "replay": replays, "scaling": scalings });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
+    Ok(())
+}

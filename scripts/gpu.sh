@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Everything cachalot checks on a GPU, in one go: the GPU tests, compute-sanitizer
+# on them, other helpers' GPU checks, then the side-by-side benchmark (PyTorch's
+# native allocator, cudaMallocAsync with a kept pool, cachalot with the pytorch
+# policy, cachalot with its own policy), ending with a short table.
+#
+# Usage, on the GPU machine from the repository root: bash gpu-bin/cuda/gpu.sh [BIN] [--quick]
+#   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
+#   --quick tests and a short benchmark only (a first check of a new machine)
+# Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
+set -uo pipefail
+bin=${1:-gpu-bin/cuda}
+quick=${2:-}
+out=${OUT:-/tmp/cachalot-gpu}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+status=0
+section() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+
+section "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+nvcc --version | tail -2
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+section "1. GPU tests"
+for t in "$bin"/tests/*; do
+  [ -x "$t" ] || continue
+  echo "--- $(basename "$t")"
+  if ! "$t" --test-threads=1 --nocapture; then status=1; echo "FAILED: $(basename "$t")"; fi
+done
+
+section "2. compute-sanitizer (memcheck, leak check) on the GPU tests"
+# The golden parity test only repeats the allocator logic with many driver calls,
+# so the sanitizer runs the backend tests and the integrity stress.
+if command -v compute-sanitizer >/dev/null; then
+  for run in "gpu_backend" "gpu_allocator integrity"; do
+    set -- $run
+    [ -x "$bin/tests/$1" ] || continue
+    echo "--- memcheck $run"
+    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 --print-limit 20 \
+      "$bin/tests/$1" ${2:-} --test-threads=1 > /tmp/sanitizer.log 2>&1
+    code=$?
+    grep -E "^=========|test result|Program hit" /tmp/sanitizer.log | grep -v "Host Frame" | head -20
+    echo "compute-sanitizer exit $code"
+  done
+else
+  echo "skipped: compute-sanitizer not installed"
+fi
+
+section "3. other helpers' GPU checks"
+# Other helpers' GPU checks: each executable in gpu-bin/checks/ (beside BIN; carry it
+# with its binaries) runs here from the repository root; a non-zero exit fails the run.
+for check in "$(dirname "$bin")"/checks/*; do
+  [ -x "$check" ] || continue
+  echo "--- $(basename "$check")"
+  "$check" || { status=1; echo "FAILED: $(basename "$check")"; }
+done
+
+section "4. benchmark: native contenders (C++ extension)"
+passes=20; steps=50000
+[ "$quick" = --quick ] && { passes=5; steps=5000; }
+python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json" \
+  --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps || status=1
+if [ ! -f "$bin/ext/cachalot_native_bench.so" ]; then
+  cp /tmp/cachalot-ext/cachalot_native_bench.so "$out/" 2>/dev/null && echo "built extension copied to \$OUT"
+fi
+
+section "5. benchmark: cachalot contenders (Rust)"
+if [ -x "$bin/gpu_bench" ]; then
+  "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps || status=1
+else
+  echo "skipped: no gpu_bench binary in $bin"
+fi
+
+section "6. table"
+python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
+exit $status

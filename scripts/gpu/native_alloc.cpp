@@ -1,0 +1,256 @@
+// The native contenders of cachalot's GPU benchmark, as a PyTorch C++ extension:
+// PyTorch's caching allocator (raw_alloc_with_stream / raw_delete) and
+// cudaMallocAsync on the device's default pool with the release threshold at its
+// maximum (a kept pool). Both replay the same op lists as cachalot's Rust bench
+// (scripts/trace-to-ops.py writes them) and run the same threaded pattern, timed
+// inside C++ with steady_clock over the whole sequence.
+#include <torch/extension.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Op {
+  bool alloc;
+  uint32_t id;
+  uint64_t size;
+  uint32_t stream;
+};
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Parses one unsigned number at `p`, moving `p` past it and its trailing blanks.
+bool take_number(const char*& p, uint64_t& out) {
+  char* end = nullptr;
+  out = std::strtoull(p, &end, 10);
+  if (end == p) return false;
+  p = end;
+  while (*p == ' ') ++p;
+  return true;
+}
+
+std::vector<Op> load_ops(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::vector<Op> ops;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const char* p = line.c_str() + 1;
+    while (*p == ' ') ++p;
+    uint64_t id = 0, size = 0, stream = 0;
+    bool alloc = line[0] == 'a';
+    bool ok = (line[0] == 'a' || line[0] == 'f') && take_number(p, id);
+    if (alloc) ok = ok && take_number(p, size) && take_number(p, stream) && size > 0;
+    if (!ok) throw std::runtime_error("bad op line in " + path + ": " + line);
+    ops.push_back(Op{alloc, static_cast<uint32_t>(id), size, static_cast<uint32_t>(stream)});
+  }
+  return ops;
+}
+
+// One contender: allocate on a stream, free (ordered on the allocating stream).
+struct Contender {
+  virtual ~Contender() = default;
+  virtual void* alloc(size_t size, cudaStream_t stream) = 0;
+  virtual void free(void* ptr, cudaStream_t stream) = 0;
+  // Reserved bytes now and at peak, as the allocator counts them.
+  virtual std::pair<uint64_t, uint64_t> reserved() = 0;
+  // Returns cached memory to the device and resets the peak.
+  virtual void release() = 0;
+};
+
+struct Native : Contender {
+  void* alloc(size_t size, cudaStream_t stream) override {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, stream);
+  }
+  void free(void* ptr, cudaStream_t) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+  std::pair<uint64_t, uint64_t> reserved() override {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+    auto& r = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    return {static_cast<uint64_t>(r.current), static_cast<uint64_t>(r.peak)};
+  }
+  void release() override {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  }
+};
+
+struct Async : Contender {
+  cudaMemPool_t pool{};
+  Async() {
+    check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+    uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "release threshold");
+  }
+  void* alloc(size_t size, cudaStream_t stream) override {
+    void* p = nullptr;
+    check(cudaMallocAsync(&p, size, stream), "cudaMallocAsync");
+    return p;
+  }
+  void free(void* ptr, cudaStream_t stream) override { check(cudaFreeAsync(ptr, stream), "cudaFreeAsync"); }
+  std::pair<uint64_t, uint64_t> reserved() override {
+    uint64_t cur = 0, high = 0;
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &cur), "reserved current");
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high), "reserved high");
+    return {cur, high};
+  }
+  void release() override {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+    uint64_t zero = 0;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero), "reset high");
+  }
+};
+
+std::unique_ptr<Contender> make(const std::string& name) {
+  if (name == "pytorch") return std::make_unique<Native>();
+  if (name == "async") return std::make_unique<Async>();
+  throw std::runtime_error("unknown contender " + name + " (pytorch or async)");
+}
+
+uint64_t device_free() {
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
+// Replays an op list `passes` times; returns ns per op of each pass, the
+// allocator's reserved bytes (current after the first pass, peak overall) and the
+// device's free bytes before the first pass and after it.
+py::dict replay(const std::string& path, const std::string& name, int passes) {
+  auto ops = load_ops(path);
+  uint32_t ids = 0, nstreams = 1;
+  uint64_t requested = 0;
+  for (auto& op : ops) {
+    requested += op.size;
+    ids = std::max(ids, op.id + 1);
+    if (op.alloc) nstreams = std::max(nstreams, op.stream + 1);
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  std::vector<cudaStream_t> streams(nstreams, nullptr);  // index 0: the default stream
+  for (uint32_t s = 1; s < nstreams; ++s) check(cudaStreamCreateWithFlags(&streams[s], cudaStreamNonBlocking), "stream");
+  auto contender = make(name);
+  contender->release();
+  std::vector<void*> ptrs(ids, nullptr);
+  std::vector<uint32_t> stream_of(ids, 0);
+  py::list ns;
+  uint64_t free_before = device_free(), free_after_first = 0, reserved_first = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    auto start = std::chrono::steady_clock::now();
+    for (const Op& op : ops) {
+      if (op.alloc) {
+        ptrs[op.id] = contender->alloc(op.size, streams[op.stream]);
+        stream_of[op.id] = op.stream;
+      } else {
+        contender->free(ptrs[op.id], streams[stream_of[op.id]]);
+      }
+    }
+    auto stop = std::chrono::steady_clock::now();
+    ns.append(std::chrono::duration<double, std::nano>(stop - start).count() / ops.size());
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (pass == 0) {
+      free_after_first = device_free();
+      reserved_first = contender->reserved().first;
+    }
+  }
+  auto reserved = contender->reserved();
+  contender->release();
+  for (uint32_t s = 1; s < nstreams; ++s) check(cudaStreamDestroy(streams[s]), "stream destroy");
+  py::dict out;
+  out["ops"] = ops.size();
+  out["requested_bytes_per_pass"] = requested;
+  out["ns_per_op"] = ns;
+  out["reserved_after_first"] = reserved_first;
+  out["reserved_peak"] = reserved.second;
+  out["device_used_after_first"] = free_before - free_after_first;
+  return out;
+}
+
+// The threaded pattern, identical in cachalot's Rust bench: each thread on its own
+// stream keeps 32 slots; each step picks a slot by an LCG, frees what is there and
+// allocates a size drawn from a fixed mix of small and large sizes.
+constexpr uint64_t kSizes[] = {512, 4096, 32768, 262144, 1048576, 2097152, 6291456, 20971520};
+constexpr uint32_t kSlots = 32;
+
+struct Lcg {
+  uint64_t x;
+  uint64_t next() {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 33;
+  }
+};
+
+uint64_t run_pattern(Contender& c, cudaStream_t stream, uint64_t seed, uint64_t steps, std::vector<void*>& live) {
+  Lcg lcg{seed};
+  uint64_t ops = 0;
+  for (uint64_t i = 0; i < steps; ++i) {
+    uint64_t r = lcg.next();
+    uint32_t slot = r % kSlots;
+    if (live[slot]) {
+      c.free(live[slot], stream);
+      ++ops;
+    }
+    live[slot] = c.alloc(kSizes[(r >> 8) % (sizeof(kSizes) / sizeof(kSizes[0]))], stream);
+    ++ops;
+  }
+  return ops;
+}
+
+// Runs the pattern on `threads` threads, each with its own stream, after one
+// untimed warm-up round; returns total operations per microsecond.
+double scaling(const std::string& name, int threads, uint64_t steps) {
+  auto contender = make(name);
+  contender->release();
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<uint64_t> ops(threads, 0);
+  std::vector<std::chrono::steady_clock::time_point> ends(threads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      check(cudaSetDevice(0), "cudaSetDevice");
+      cudaStream_t stream;
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+      std::vector<void*> live(kSlots, nullptr);
+      run_pattern(*contender, stream, t + 1, steps / 4, live);
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      ops[t] = run_pattern(*contender, stream, t + 101, steps, live);
+      ends[t] = std::chrono::steady_clock::now();
+      for (void* p : live)
+        if (p) contender->free(p, stream);
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      check(cudaStreamDestroy(stream), "stream destroy");
+    });
+  }
+  while (ready.load() < threads) std::this_thread::yield();
+  auto start = std::chrono::steady_clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  auto stop = *std::max_element(ends.begin(), ends.end());
+  contender->release();
+  uint64_t total = 0;
+  for (auto n : ops) total += n;
+  return total / std::chrono::duration<double, std::micro>(stop - start).count();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("replay", &replay, "replay an op list through a native contender");
+  m.def("scaling", &scaling, "threaded alloc/free pattern, total ops per microsecond");
+}
