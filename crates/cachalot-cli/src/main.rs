@@ -23,11 +23,15 @@ enum Cli {
 }
 
 fn main() -> ExitCode {
-    let result: Result<(), Box<dyn std::error::Error>> = match Cli::parse() {
-        Cli::Parity(args) => return parity::run(&args),
-        Cli::Summary(args) => summary::run(&args).map_err(Into::into),
-        Cli::View(args) => view::run(&args).map_err(Into::into),
-    };
+    match Cli::parse() {
+        Cli::Parity(args) => parity::run(&args),
+        Cli::Summary(args) => exit_code(summary::run(&args)),
+        Cli::View(args) => exit_code(view::run(&args)),
+    }
+}
+
+/// Prints an error, if any, and turns the result into the exit status.
+fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

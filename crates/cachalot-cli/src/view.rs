@@ -1,11 +1,12 @@
-//! `cachalot view RUN -o page.html`: the memory page of a run.
+//! `cachalot view RUN -o page.html`: the memory page of a run, replayed on a
+//! simulated device with history recording on.
 
 use std::path::PathBuf;
 
 use cachalot::view::{self, PageInfo, Timeline};
 use thiserror::Error;
 
-use crate::input::{self, InputError};
+use crate::input::{self, InputError, ReplayArgs};
 
 /// Arguments of `cachalot view`.
 #[derive(Debug, clap::Args)]
@@ -15,12 +16,14 @@ pub(crate) struct Args {
     /// Where to write the page.
     #[arg(short, long, default_value = "memory.html")]
     output: PathBuf,
+    #[command(flatten)]
+    replay: ReplayArgs,
 }
 
 /// `cachalot view` failed.
 #[derive(Debug, Error)]
 pub(crate) enum ViewError {
-    /// The input did not load.
+    /// The input did not load or replay.
     #[error(transparent)]
     Input(#[from] InputError),
     /// The page could not be written.
@@ -34,16 +37,20 @@ pub(crate) enum ViewError {
 }
 
 pub(crate) fn run(args: &Args) -> Result<(), ViewError> {
-    let dump = input::load(&args.input)?;
-    let timeline =
-        Timeline::from_records(dump.trace.iter().map(|r| (&r.event, r.frames.as_slice())));
+    let run = input::load(&args.input, &args.replay)?;
+    let timeline = Timeline::from_records(
+        run.dump
+            .trace
+            .iter()
+            .map(|r| (&r.event, r.frames.as_slice())),
+    );
     let title = args.input.file_name().map_or_else(
         || "memory".to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
     let info = PageInfo {
         title,
-        subtitle: "recorded events".to_string(),
+        subtitle: run.describe(),
     };
     let html = view::render(&timeline, &info);
     std::fs::write(&args.output, html).map_err(|source| ViewError::Write {
@@ -51,12 +58,13 @@ pub(crate) fn run(args: &Args) -> Result<(), ViewError> {
         source,
     })?;
     println!(
-        "wrote {}: {} events, {} allocations, peak active {} bytes at event {}",
+        "wrote {}: {} events, {} allocations, peak active {} bytes at event {}, peak reserved {} bytes",
         args.output.display(),
         timeline.times_us.len(),
         timeline.allocs.len(),
         timeline.peak_bytes,
-        timeline.peak_index
+        timeline.peak_index,
+        timeline.peak_reserved(),
     );
     Ok(())
 }

@@ -282,6 +282,21 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_reads() {
+        let doc = include_str!("../../../../docs/snapshot-schema.md");
+        let example = doc
+            .split("```json")
+            .nth(1)
+            .and_then(|s| s.split("```").next())
+            .expect("the doc has an example");
+        let dump = read(example.as_bytes()).expect("the example follows the schema");
+        assert!(dump.config.expandable_segments);
+        assert_eq!(dump.snapshot.segments[0].blocks[0].requested_size, 500);
+        assert_eq!(dump.frames_of(139872384237568)[0].line, 42);
+        assert_eq!(dump.trace[1].event.action, Action::Alloc);
+    }
+
+    #[test]
     fn refuses_other_versions_and_broken_files() {
         let mut value: serde_json::Value =
             serde_json::from_slice(&to_bytes(&fixtures::dump())).expect("json");

@@ -185,6 +185,10 @@ fn settings(c: &AllocatorConfig) -> Value {
             "pinned_use_cuda_host_register",
             Value::Bool(c.pinned_use_cuda_host_register),
         ),
+        (
+            "graph_capture_record_stream_reuse",
+            Value::Bool(c.graph_capture_record_stream_reuse),
+        ),
         ("roundup_power2_divisions", Value::Dict(divisions)),
         ("policy", string(c.policy.name())),
     ])

@@ -2,6 +2,7 @@
 // cachalot memory page. Reads the JSON in #data (see view/mod.rs for its
 // layout), computes each allocation's band once, draws on canvases.
 (function () {
+  const started = performance.now();
   const D = JSON.parse(document.getElementById("data").textContent);
   const N = Math.max(D.events, 1);
   const PAGE = 2 * 1024 * 1024;
@@ -156,7 +157,7 @@
       ctx.fillText(String(t), x, M.t + PH + 6);
     }
     ctx.textAlign = "left";
-    ctx.fillText("event index (time " + fmtTime(N - 1) + " in all)", M.l, M.t + PH + 20);
+    ctx.fillText("event index (" + fmtTime(N - 1) + " from first to last event)", M.l, M.t + PH + 20);
   }
 
   // ---- the timeline ----------------------------------------------------------
@@ -213,6 +214,20 @@
       if (p) { octx.fillStyle = "rgba(17,24,39,0.35)"; octx.fill(p); octx.strokeStyle = "#111827"; octx.lineWidth = 1; octx.stroke(p); }
     }
   }
+  // Shows the details of the allocation under canvas point (x, y).
+  function hoverAt(x, y) {
+    const t = Math.floor(((x - M.l) / PW) * N), bytes = ((M.t + PH - y) / PH) * yMax;
+    const k = t >= 0 && t < N ? allocAt(t, bytes) : -1;
+    drawOverlay(k);
+    if (k < 0) { tip.style.display = "none"; return; }
+    const freed = aEnd[k] < N ? "freed at event " + aEnd[k] + " (" + fmtTime(aEnd[k]) + ")" : "still live at the end";
+    const lines = ["allocation #" + k + "  " + hex(aAddr[k]), fmtBytes(aSize[k]) + " (" + aSize[k] + " bytes), stream " + aStream[k],
+                   "allocated at event " + aStart[k] + " (" + fmtTime(aStart[k]) + ")", freed,
+                   "active at event " + t + ": " + fmtBytes(activeAt(t)) + ", reserved " + fmtBytes(reservedAt(t))];
+    tip.textContent = lines.concat(stackLines(k, 8)).join("\n");
+    tip.style.display = "block";
+    tip.style.left = Math.min(x + 14, W - 300) + "px"; tip.style.top = (y + 14) + "px";
+  }
   let pending = null;
   overlay.addEventListener("mousemove", (ev) => {
     pending = ev;
@@ -220,17 +235,7 @@
       if (!pending) return;
       const r = overlay.getBoundingClientRect(), x = pending.clientX - r.left, y = pending.clientY - r.top;
       pending = null;
-      const t = Math.floor(((x - M.l) / PW) * N), bytes = ((M.t + PH - y) / PH) * yMax;
-      const k = t >= 0 && t < N ? allocAt(t, bytes) : -1;
-      drawOverlay(k);
-      if (k < 0) { tip.style.display = "none"; return; }
-      const freed = aEnd[k] < N ? "freed at event " + aEnd[k] + " (" + fmtTime(aEnd[k]) + ")" : "still live at the end";
-      const lines = ["allocation #" + k + "  " + hex(aAddr[k]), fmtBytes(aSize[k]) + " (" + aSize[k] + " bytes), stream " + aStream[k],
-                     "allocated at event " + aStart[k] + " (" + fmtTime(aStart[k]) + ")", freed,
-                     "active at event " + t + ": " + fmtBytes(activeAt(t)) + ", reserved " + fmtBytes(reservedAt(t))];
-      tip.textContent = lines.concat(stackLines(k, 8)).join("\n");
-      tip.style.display = "block";
-      tip.style.left = Math.min(x + 14, W - 300) + "px"; tip.style.top = (y + 14) + "px";
+      hoverAt(x, y);
     });
   });
   overlay.addEventListener("mouseleave", () => { tip.style.display = "none"; drawOverlay(-1); });
@@ -249,7 +254,7 @@
   const map = document.getElementById("map"), mapTip = document.getElementById("map-tip");
   const slider = document.getElementById("slider"), sliderLabel = document.getElementById("slider-label");
   slider.max = String(N - 1);
-  const CELL = 9, GAP = 1, LABEL = 190, ROW = CELL + GAP;
+  const CELL = 9, GAP = 1, LABEL = 220, ROW = CELL + GAP;
   let cells = [];  // hit boxes: {x, y, seg, page, used, allocs}
   let drawnSegments = 0;
 
@@ -372,5 +377,13 @@
   peakTable();
   slider.value = String(D.peak_index);
   drawMap(D.peak_index);
+  // "#t=N" opens the map at event N; "#hover=X,Y" shows the details at that
+  // chart point (for screenshots and tests).
+  for (const part of location.hash.slice(1).split("&")) {
+    const [key, value] = part.split("=");
+    if (key === "t" && Number(value) >= 0 && Number(value) < N) { mapTime = Number(value); slider.value = value; drawMap(mapTime); drawOverlay(-1); }
+    if (key === "hover" && value) { const [x, y] = value.split(",").map(Number); hoverAt(x, y); }
+  }
   document.body.setAttribute("data-drawn-allocations", String(drawn));
+  document.body.setAttribute("data-render-ms", String(Math.round(performance.now() - started)));
 })();

@@ -1,0 +1,195 @@
+//! A backend wrapper that hands out the recorded device's segment addresses.
+//!
+//! PyTorch's best fit breaks ties between free blocks of one size by address, so
+//! which block serves a request depends on where the driver put each segment. The
+//! simulated device numbers its segments in increasing order; the CUDA driver does
+//! not. To replay a recording exactly, [`RecordedAddresses`] gives the `n`th
+//! segment allocation the address the `n`th recorded `segment_alloc` got (when the
+//! sizes agree and the range is free), and otherwise an address above every
+//! recorded one. It translates frees back; every other call goes straight through.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{
+    Backend, BackendResult, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
+};
+
+/// Alignment of the region above the recorded addresses used once a replay departs
+/// from the recording.
+const REGION_ALIGN: u64 = 1 << 30;
+
+#[derive(Debug, Default)]
+struct State {
+    /// The next recorded segment to hand out.
+    cursor: usize,
+    /// Live segments: handed-out address -> (inner address, size).
+    live: BTreeMap<DevicePtr, (DevicePtr, u64)>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct RecordedAddresses<B> {
+    inner: Arc<B>,
+    /// Recorded `segment_alloc` (address, size) pairs, in order.
+    recorded: Vec<(DevicePtr, u64)>,
+    /// Added to the inner address of a segment with no recorded counterpart.
+    shift: u64,
+    state: Mutex<State>,
+}
+
+impl<B: Backend> RecordedAddresses<B> {
+    /// Wraps `inner`, handing out `recorded` (address, size) pairs in order.
+    pub fn new(inner: Arc<B>, recorded: Vec<(DevicePtr, u64)>) -> RecordedAddresses<B> {
+        let top = recorded
+            .iter()
+            .map(|(a, s)| a.saturating_add(*s))
+            .max()
+            .unwrap_or(0);
+        let shift = top
+            .div_ceil(REGION_ALIGN)
+            .saturating_add(1)
+            .saturating_mul(REGION_ALIGN);
+        RecordedAddresses {
+            inner,
+            recorded,
+            shift,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &Arc<B> {
+        &self.inner
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn overlaps(live: &BTreeMap<DevicePtr, (DevicePtr, u64)>, addr: DevicePtr, size: u64) -> bool {
+    let end = addr.saturating_add(size);
+    let before = live.range(..end).next_back();
+    before.is_some_and(|(a, (_, s))| a.saturating_add(*s) > addr)
+}
+
+impl<B: Backend> Backend for RecordedAddresses<B> {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn mem_info(&self) -> BackendResult<MemInfo> {
+        self.inner.mem_info()
+    }
+
+    fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+        let inner = self.inner.allocate_segment(size)?;
+        let mut st = self.lock();
+        let recorded = self.recorded.get(st.cursor).copied();
+        st.cursor += 1;
+        let addr = match recorded {
+            Some((addr, s)) if s == size && !overlaps(&st.live, addr, size) => addr,
+            _ => inner.saturating_add(self.shift),
+        };
+        st.live.insert(addr, (inner, size));
+        Ok(addr)
+    }
+
+    fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let found = self.lock().live.get(&ptr).copied();
+        match found {
+            Some((inner, _)) => {
+                self.inner.free_segment(inner)?;
+                self.lock().live.remove(&ptr);
+                Ok(())
+            }
+            None => self.inner.free_segment(ptr),
+        }
+    }
+
+    fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
+        self.inner.reserve_range(size)
+    }
+
+    fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
+        self.inner.release_range(base, size)
+    }
+
+    fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
+        self.inner.create_page(size)
+    }
+
+    fn release_page(&self, page: PageHandle) -> BackendResult<()> {
+        self.inner.release_page(page)
+    }
+
+    fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
+        self.inner.map(addr, page)
+    }
+
+    fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
+        self.inner.unmap(addr, size)
+    }
+
+    fn create_event(&self) -> BackendResult<EventId> {
+        self.inner.create_event()
+    }
+
+    fn destroy_event(&self, event: EventId) -> BackendResult<()> {
+        self.inner.destroy_event(event)
+    }
+
+    fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
+        self.inner.record_event(event, stream)
+    }
+
+    fn query_event(&self, event: EventId) -> BackendResult<bool> {
+        self.inner.query_event(event)
+    }
+
+    fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
+        self.inner.synchronize_event(event)
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
+        self.inner.synchronize_stream(stream)
+    }
+
+    fn synchronize_device(&self) -> BackendResult<()> {
+        self.inner.synchronize_device()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::SimBackend;
+    use crate::backend::BackendError;
+
+    #[test]
+    fn recorded_addresses_are_handed_out_in_order_and_translated_back() {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let mib = 1 << 20;
+        let recorded = vec![
+            (0x9000_0000, 2 * mib),
+            (0x8000_0000, 20 * mib),
+            (0x9000_0000, 2 * mib),
+        ];
+        let b = RecordedAddresses::new(sim.clone(), recorded);
+        assert_eq!(b.allocate_segment(2 * mib).unwrap(), 0x9000_0000);
+        assert_eq!(b.allocate_segment(20 * mib).unwrap(), 0x8000_0000);
+        // The third recorded range is still live: an address above the recording.
+        let third = b.allocate_segment(2 * mib).unwrap();
+        assert!(third > 0x9000_0000 + 2 * mib);
+        // A size the recording does not have: also above it.
+        assert!(b.allocate_segment(4 * mib).unwrap() > 0x9000_0000);
+        b.free_segment(0x9000_0000).unwrap();
+        b.free_segment(third).unwrap();
+        assert!(matches!(
+            b.free_segment(0x9000_0000),
+            Err(BackendError::InvalidAddress { .. })
+        ));
+        assert_eq!(sim.live_segments().len(), 2);
+    }
+}

@@ -1,0 +1,299 @@
+//! Replaying a recorded workload through any policy on a simulated device.
+//!
+//! A recording ([`crate::trace::Recording`]) is first turned into a [`Plan`]: the
+//! allocator calls that reproduce it, with each allocation numbered (see
+//! [`plan`] for the rules: frees at completion, `empty_cache` where the program
+//! called it, streams kept). [`run`] then drives a [`DeviceAllocator`] through the
+//! plan on a [`SimBackend`] and reports peaks, the device segments it obtained and
+//! the driver calls it made, as a [`ReplayReport`].
+//!
+//! Out-of-memory during a replay is not fatal: the allocation is counted in
+//! [`ReplayReport::ooms`] and skipped (and so is its later free).
+
+pub mod addresses;
+pub mod plan;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use addresses::RecordedAddresses;
+pub use plan::{plan, Op, Plan, PlanError, RecordedDevice};
+pub use workload::Workload;
+
+use crate::allocator::{self, DeviceAllocator};
+use crate::backend::sim::SimBackend;
+use crate::backend::{Backend, CallKind, DevicePtr};
+use crate::config::AllocatorConfig;
+use crate::error::{Error, OomReport};
+use crate::event::{Action, Observer, TraceEvent};
+
+/// The capacity of an H100 80GB as PyTorch reports it: the default replay device.
+pub const H100_CAPACITY: u64 = 85_017_493_504;
+
+/// How often (in ops) [`run`] reports progress.
+pub const PROGRESS_EVERY: usize = 1 << 16;
+
+/// A replay that could not go on.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    /// The recording is inconsistent.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The allocator failed in a way other than running out of memory (a device
+    /// error, or a refused free: a bug in the allocator or the plan).
+    #[error("op {op}: {source}")]
+    Allocator {
+        /// Index of the op in the plan.
+        op: usize,
+        /// The allocator's error.
+        #[source]
+        source: Error,
+    },
+    /// The allocator could not be built for this configuration.
+    #[error("cannot build the allocator: {0}")]
+    Setup(#[source] Error),
+    /// An op names a slot the plan does not have (a hand-built plan).
+    #[error("op {op}: slot {slot} is outside the plan's {slots} slots")]
+    BadSlot {
+        /// Index of the op in the plan.
+        op: usize,
+        /// The slot named.
+        slot: u32,
+        /// The plan's slot count.
+        slots: usize,
+    },
+}
+
+/// What a replay measured. Field names are a stable interface (`cachalot replay
+/// --json`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// The policy replayed.
+    pub policy: String,
+    /// Its configuration string.
+    pub conf: String,
+    /// The simulated device's capacity in bytes.
+    pub capacity: u64,
+    /// Recorded events.
+    pub events: u64,
+    /// Allocations made (ooms not included).
+    pub allocs: u64,
+    /// Frees made.
+    pub frees: u64,
+    /// `empty_cache` calls made.
+    pub empty_caches: u64,
+    /// Peak of the bytes callers asked for.
+    pub peak_requested_bytes: u64,
+    /// Peak of the allocated (rounded) bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak of the reserved bytes (sum of segment sizes).
+    pub peak_reserved_bytes: u64,
+    /// Device segments obtained (segment allocations and page-range maps).
+    pub segment_allocs: u64,
+    /// Their sizes, in the order they were obtained.
+    pub segment_sizes: Vec<u64>,
+    /// Backend calls by kind ([`CallKind::name`]).
+    pub device_calls: BTreeMap<String, u64>,
+    /// Costly driver memory calls (allocations, frees, maps, unmaps, ...).
+    pub driver_calls: u64,
+    /// Allocations that failed for lack of memory (and were skipped).
+    pub ooms: u64,
+    /// Wall-clock nanoseconds per recorded event spent in the replay loop.
+    pub ns_per_event: f64,
+    /// The allocator's `memory_stats()` at the end.
+    pub final_stats: BTreeMap<String, i64>,
+    /// The first out-of-memory error, with its breakdown (print it with
+    /// [`crate::report::oom::describe`]). Not part of the JSON output.
+    #[serde(skip)]
+    pub first_oom: Option<OomReport>,
+}
+
+impl ReplayReport {
+    /// Peak reserved over peak requested (1.0 is no waste; 0 when nothing was
+    /// requested).
+    pub fn fragmentation(&self) -> f64 {
+        if self.peak_requested_bytes == 0 {
+            return 0.0;
+        }
+        self.peak_reserved_bytes as f64 / self.peak_requested_bytes as f64
+    }
+}
+
+/// Collects the sizes of the segments an allocator obtains, and passes every
+/// event on to `also` (a history recorder, say).
+#[derive(Default)]
+struct SegmentLog {
+    sizes: Mutex<Vec<u64>>,
+    also: Option<Arc<dyn Observer>>,
+}
+
+impl Observer for SegmentLog {
+    fn on_event(&self, event: &TraceEvent) {
+        if let Some(also) = &self.also {
+            also.on_event(event);
+        }
+        if matches!(event.action, Action::SegmentAlloc | Action::SegmentMap) {
+            self.sizes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(event.size);
+        }
+    }
+}
+
+/// Counts of the calls [`run`] made.
+#[derive(Default)]
+struct Tally {
+    allocs: u64,
+    frees: u64,
+    empty_caches: u64,
+    ooms: u64,
+    first_oom: Option<OomReport>,
+}
+
+/// Replays `plan` with a fresh allocator for `config` on a simulated device of
+/// `capacity` bytes that hands out the recorded segment addresses (see
+/// [`addresses`] for why, and [`run`]).
+///
+/// # Errors
+/// [`ReplayError::Setup`] when the policy cannot run `config`; otherwise as [`run`].
+pub fn replay(
+    plan: &Plan,
+    config: AllocatorConfig,
+    capacity: u64,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayReport, ReplayError> {
+    let sim = Arc::new(SimBackend::new(capacity));
+    let backend = Arc::new(RecordedAddresses::new(
+        sim.clone(),
+        plan.recorded_segment_allocs.clone(),
+    ));
+    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
+    run(plan, allocator.as_ref(), &sim, progress)
+}
+
+/// Replays `plan` through `allocator`, which must draw from `sim`.
+/// `progress` is called with the number of ops done every [`PROGRESS_EVERY`] ops.
+///
+/// # Errors
+/// [`ReplayError::Allocator`] when the allocator fails other than by running out
+/// of memory.
+pub fn run(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayReport, ReplayError> {
+    run_observed(plan, allocator, sim, progress, None)
+}
+
+/// [`run`], also passing every allocator event to `observer` (a
+/// [`History`](crate::history::History), to see the replay afterwards).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_observed(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    progress: &mut dyn FnMut(usize),
+    observer: Option<Arc<dyn Observer>>,
+) -> Result<ReplayReport, ReplayError> {
+    let log = Arc::new(SegmentLog {
+        sizes: Mutex::default(),
+        also: observer,
+    });
+    allocator.set_observer(Some(log.clone()));
+    let start = Instant::now();
+    let result = drive(plan, allocator, progress);
+    let elapsed = start.elapsed();
+    allocator.set_observer(None);
+    let tally = result?;
+
+    let stats = allocator.stats();
+    let counters = sim.counters();
+    let segment_sizes = std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
+    let peak = |key: &str| u64::try_from(stats.get(key).unwrap_or(0)).unwrap_or(0);
+    Ok(ReplayReport {
+        policy: allocator.policy().name().to_string(),
+        conf: allocator.config().source.clone(),
+        capacity: sim.capabilities().total_memory,
+        events: plan.events as u64,
+        allocs: tally.allocs,
+        frees: tally.frees,
+        empty_caches: tally.empty_caches,
+        peak_requested_bytes: peak("requested_bytes.all.peak"),
+        peak_allocated_bytes: peak("allocated_bytes.all.peak"),
+        peak_reserved_bytes: peak("reserved_bytes.all.peak"),
+        segment_allocs: segment_sizes.len() as u64,
+        segment_sizes,
+        device_calls: CallKind::ALL
+            .iter()
+            .filter(|k| counters.count(**k) > 0)
+            .map(|k| (k.name().to_string(), counters.count(*k)))
+            .collect(),
+        driver_calls: counters.memory_calls(),
+        ooms: tally.ooms,
+        ns_per_event: elapsed.as_nanos() as f64 / plan.events.max(1) as f64,
+        final_stats: stats.to_map(),
+        first_oom: tally.first_oom,
+    })
+}
+
+/// The replay loop.
+fn drive(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Tally, ReplayError> {
+    // Each slot's pointer; 0 for a slot not allocated (or skipped after an OOM),
+    // whose free is then a no-op, as freeing the null address is.
+    let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
+    let mut tally = Tally::default();
+    for (i, op) in plan.ops.iter().enumerate() {
+        if i % PROGRESS_EVERY == 0 && i > 0 {
+            progress(i);
+        }
+        let fail = |source: Error| ReplayError::Allocator { op: i, source };
+        let bad_slot = |slot: u32| ReplayError::BadSlot {
+            op: i,
+            slot,
+            slots: plan.slots,
+        };
+        match *op {
+            Op::Alloc { slot, size, stream } => {
+                let entry = ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?;
+                match allocator.malloc(size, stream) {
+                    Ok(ptr) => {
+                        *entry = ptr;
+                        tally.allocs += 1;
+                    }
+                    Err(Error::OutOfMemory(report)) => {
+                        tally.ooms += 1;
+                        tally.first_oom.get_or_insert(*report);
+                    }
+                    Err(e) => return Err(fail(e)),
+                }
+            }
+            Op::Free { slot } => {
+                let ptr =
+                    std::mem::take(ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?);
+                if ptr != 0 {
+                    allocator.free(ptr).map_err(fail)?;
+                    tally.frees += 1;
+                }
+            }
+            Op::EmptyCache => {
+                allocator.empty_cache().map_err(fail)?;
+                tally.empty_caches += 1;
+            }
+        }
+    }
+    progress(plan.ops.len());
+    Ok(tally)
+}

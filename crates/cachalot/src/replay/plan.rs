@@ -1,0 +1,384 @@
+//! Turning a recording into a plan: the allocator calls that reproduce it.
+//!
+//! A recording names blocks by address; a replay hands out its own addresses. The
+//! plan therefore numbers each recorded allocation (its *slot*) and refers to it by
+//! number, so the replay loop is a walk over a compact op list with no address
+//! lookups. The rules:
+//!
+//! * `alloc` allocates the requested size on the recorded stream.
+//! * A block is freed at its `free_completed`, the moment it became reusable in the
+//!   recording. A `free_requested` with no `free_completed` before the address is
+//!   handed out again (or before the end) frees at the request.
+//! * A run of `segment_free`/`segment_unmap` events is an `empty_cache` call by the
+//!   program unless the allocator released the memory itself. PyTorch releases
+//!   cached segments on its own only inside a `malloc` that could not get a new
+//!   segment (the out-of-memory retry, `max_split_size_mb`'s release of oversize
+//!   blocks) or that crossed the garbage-collection threshold; such a release is
+//!   directly followed by the new segment (or the out-of-memory event) and happens
+//!   only when the recorded reserved memory plus that segment is near the device's
+//!   allowed memory (or above the collection threshold). Every other release run
+//!   becomes one `empty_cache`.
+//! * `segment_alloc`/`segment_map` events are not replayed (the policy decides its
+//!   own segments) but their sizes are kept to compare with the replay's.
+//! * `oom` and `snapshot` events change nothing.
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use crate::backend::StreamId;
+use crate::config::AllocatorConfig;
+use crate::event::{Action, TraceEvent};
+
+/// One allocator call of a plan.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `size` bytes on `stream` for `slot`.
+    Alloc {
+        /// The allocation's number.
+        slot: u32,
+        /// Requested bytes.
+        size: u64,
+        /// The recorded stream.
+        stream: StreamId,
+    },
+    /// Free the allocation of `slot`.
+    Free {
+        /// The allocation's number.
+        slot: u32,
+    },
+    /// Call `empty_cache`.
+    EmptyCache,
+}
+
+/// A recording that cannot be replayed. Remedy: the recording is inconsistent
+/// (or truncated); fix or re-record it.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// An `alloc` at an address that is still allocated.
+    #[error("event {event}: alloc at {addr:#x}, which is still allocated")]
+    AddressInUse {
+        /// Index of the event.
+        event: usize,
+        /// The address.
+        addr: u64,
+    },
+    /// A free of an address that is not allocated.
+    #[error("event {event}: {action} of {addr:#x}, which was never allocated (or already freed)")]
+    UnknownAddress {
+        /// Index of the event.
+        event: usize,
+        /// `free_requested` or `free_completed`.
+        action: Action,
+        /// The address.
+        addr: u64,
+    },
+    /// More allocations than a plan can number.
+    #[error("more than {max} allocations")]
+    TooManyAllocations {
+        /// The limit.
+        max: u32,
+    },
+}
+
+/// What is known of the device and configuration a recording was made with; it
+/// decides which recorded segment releases were the program's `empty_cache`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedDevice {
+    /// The device's total memory.
+    pub capacity: u64,
+    /// The allocator configuration of the recording.
+    pub config: AllocatorConfig,
+}
+
+impl RecordedDevice {
+    /// Reserved bytes above which the recorded allocator may have released cached
+    /// segments by itself: the collection threshold when garbage collection was on,
+    /// else the allowed memory less a sixteenth (what the driver and other
+    /// processes keep).
+    fn pressure_bytes(&self) -> u64 {
+        let allowed = self.capacity as f64 * self.config.per_process_memory_fraction;
+        let gc = self.config.garbage_collection_threshold;
+        let limit = if gc > 0.0 && self.config.per_process_memory_fraction < 1.0 {
+            allowed * gc
+        } else {
+            allowed - self.capacity as f64 / 16.0
+        };
+        limit.max(0.0) as u64
+    }
+}
+
+/// A recording turned into allocator calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The calls, in order.
+    pub ops: Vec<Op>,
+    /// Number of slots (recorded allocations).
+    pub slots: usize,
+    /// Number of recorded events.
+    pub events: usize,
+    /// Sizes of the recorded `segment_alloc`/`segment_map` events, in order.
+    pub recorded_segment_sizes: Vec<u64>,
+    /// Address and size of the recorded `segment_alloc` events, in order.
+    pub recorded_segment_allocs: Vec<(u64, u64)>,
+}
+
+/// A recorded allocation that has not been freed yet.
+struct Live {
+    slot: u32,
+    /// Index in the op list of the free placed at its `free_requested`.
+    requested_at: Option<usize>,
+}
+
+/// Builds the plan of `events` recorded on `device`.
+///
+/// # Errors
+/// A [`PlanError`] for an inconsistent recording.
+pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, PlanError> {
+    let mut builder = Builder {
+        ops: Vec::with_capacity(events.len()),
+        ..Builder::default()
+    };
+    let pressure = device.pressure_bytes();
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => builder.alloc(i, e)?,
+            Action::FreeRequested => builder.free_requested(i, e)?,
+            Action::FreeCompleted => builder.free_completed(i, e)?,
+            Action::SegmentAlloc | Action::SegmentMap => {
+                builder.reserved = builder.reserved.saturating_add(e.size);
+                builder.segment_sizes.push(e.size);
+                if e.action == Action::SegmentAlloc {
+                    builder.segment_allocs.push((e.addr, e.size));
+                }
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                let run_start = i == 0 || !is_release(events[i - 1].action);
+                if run_start && !released_by_policy(events, i, builder.reserved, pressure) {
+                    builder.ops.push(Op::EmptyCache);
+                }
+                builder.reserved = builder.reserved.saturating_sub(e.size);
+            }
+            Action::Oom | Action::Snapshot => {}
+        }
+    }
+    // Drop the request-time frees that a completion superseded.
+    let mut ops = builder.ops;
+    let mut blanked = builder.blanked;
+    blanked.sort_unstable();
+    let mut kept = blanked.into_iter().peekable();
+    let mut index = 0;
+    ops.retain(|_| {
+        let drop = kept.next_if_eq(&index).is_some();
+        index += 1;
+        !drop
+    });
+    Ok(Plan {
+        ops,
+        slots: builder.next_slot as usize,
+        events: events.len(),
+        recorded_segment_sizes: builder.segment_sizes,
+        recorded_segment_allocs: builder.segment_allocs,
+    })
+}
+
+fn is_release(action: Action) -> bool {
+    matches!(action, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+/// Whether the release run starting at `start` is one the allocator made by itself
+/// (see the module docs).
+fn released_by_policy(events: &[TraceEvent], start: usize, reserved: u64, pressure: u64) -> bool {
+    let next = events[start..].iter().find(|e| !is_release(e.action));
+    match next {
+        Some(e)
+            if matches!(
+                e.action,
+                Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+            ) =>
+        {
+            reserved.saturating_add(e.size) > pressure
+        }
+        _ => false,
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    ops: Vec<Op>,
+    live: HashMap<u64, Live>,
+    next_slot: u32,
+    /// Op indices of request-time frees superseded by their completion.
+    blanked: Vec<usize>,
+    reserved: u64,
+    segment_sizes: Vec<u64>,
+    segment_allocs: Vec<(u64, u64)>,
+}
+
+impl Builder {
+    fn alloc(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
+        if let Some(old) = self.live.get(&e.addr) {
+            if old.requested_at.is_none() {
+                return Err(PlanError::AddressInUse {
+                    event,
+                    addr: e.addr,
+                });
+            }
+            // Freed by request with no completion before reuse: the request's free stands.
+            self.live.remove(&e.addr);
+        }
+        let slot = self.next_slot;
+        self.next_slot = slot
+            .checked_add(1)
+            .ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
+        self.ops.push(Op::Alloc {
+            slot,
+            size: e.size,
+            stream: e.stream,
+        });
+        self.live.insert(
+            e.addr,
+            Live {
+                slot,
+                requested_at: None,
+            },
+        );
+        Ok(())
+    }
+
+    fn free_requested(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
+        let unknown = PlanError::UnknownAddress {
+            event,
+            action: e.action,
+            addr: e.addr,
+        };
+        let live = self.live.get_mut(&e.addr).ok_or(unknown.clone())?;
+        if live.requested_at.is_some() {
+            return Err(unknown);
+        }
+        live.requested_at = Some(self.ops.len());
+        self.ops.push(Op::Free { slot: live.slot });
+        Ok(())
+    }
+
+    fn free_completed(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
+        let live = self.live.remove(&e.addr).ok_or(PlanError::UnknownAddress {
+            event,
+            action: e.action,
+            addr: e.addr,
+        })?;
+        if let Some(at) = live.requested_at {
+            self.blanked.push(at);
+        }
+        self.ops.push(Op::Free { slot: live.slot });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
+        TraceEvent {
+            time_us: 0,
+            action,
+            addr,
+            size,
+            stream: StreamId(0),
+        }
+    }
+
+    fn h100() -> RecordedDevice {
+        RecordedDevice {
+            capacity: 85_017_493_504,
+            config: AllocatorConfig::default(),
+        }
+    }
+
+    use Action::*;
+
+    #[test]
+    fn frees_happen_at_completion_or_at_an_unanswered_request() {
+        let events = [
+            ev(SegmentAlloc, 100, 2 << 20),
+            ev(Alloc, 100, 512),
+            ev(Alloc, 612, 512),
+            ev(FreeRequested, 100, 512),
+            ev(FreeRequested, 612, 512),
+            ev(FreeCompleted, 100, 512),
+            ev(Alloc, 612, 1024),
+        ];
+        let p = plan(&events, &h100()).unwrap();
+        let s = StreamId(0);
+        assert_eq!(
+            p.ops,
+            [
+                Op::Alloc {
+                    slot: 0,
+                    size: 512,
+                    stream: s
+                },
+                Op::Alloc {
+                    slot: 1,
+                    size: 512,
+                    stream: s
+                },
+                Op::Free { slot: 1 },
+                Op::Free { slot: 0 },
+                Op::Alloc {
+                    slot: 2,
+                    size: 1024,
+                    stream: s
+                },
+            ]
+        );
+        assert_eq!((p.slots, p.events), (3, 7));
+        assert_eq!(p.recorded_segment_sizes, [2 << 20]);
+    }
+
+    #[test]
+    fn a_release_run_is_one_empty_cache_unless_under_pressure() {
+        let seg = 20 << 20;
+        let events = [
+            ev(SegmentAlloc, 1, seg),
+            ev(SegmentAlloc, 2, seg),
+            ev(SegmentFree, 1, seg),
+            ev(SegmentFree, 2, seg),
+            ev(SegmentAlloc, 3, seg),
+            ev(Alloc, 3, 4 << 20),
+        ];
+        let p = plan(&events, &h100()).unwrap();
+        assert_eq!(p.ops.iter().filter(|o| **o == Op::EmptyCache).count(), 1);
+        // The same pattern on a device just large enough: the allocator's own retry.
+        let tight = RecordedDevice {
+            capacity: 3 * seg,
+            ..h100()
+        };
+        let p = plan(&events, &tight).unwrap();
+        assert!(!p.ops.contains(&Op::EmptyCache));
+    }
+
+    #[test]
+    fn inconsistent_recordings_are_errors() {
+        let double = [ev(Alloc, 1, 512), ev(Alloc, 1, 512)];
+        assert_eq!(
+            plan(&double, &h100()),
+            Err(PlanError::AddressInUse { event: 1, addr: 1 })
+        );
+        let foreign = [ev(FreeCompleted, 9, 512)];
+        assert!(matches!(
+            plan(&foreign, &h100()),
+            Err(PlanError::UnknownAddress { event: 0, .. })
+        ));
+        let twice = [
+            ev(Alloc, 1, 512),
+            ev(FreeRequested, 1, 512),
+            ev(FreeRequested, 1, 512),
+        ];
+        assert!(matches!(
+            plan(&twice, &h100()),
+            Err(PlanError::UnknownAddress { event: 2, .. })
+        ));
+    }
+}

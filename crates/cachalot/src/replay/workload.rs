@@ -1,0 +1,95 @@
+//! A recorded workload on disk: its recording, and the stats file recorded beside
+//! it (`NAME.stats.json.gz` next to `NAME.trace.csv.gz` or
+//! `NAME.snapshot.pickle.gz`), which tells the device and configuration.
+
+use std::path::{Path, PathBuf};
+
+use super::plan::RecordedDevice;
+use super::H100_CAPACITY;
+use crate::config::{AllocatorConfig, ConfigError};
+use crate::trace::stats::{read_stats_path, RunStats};
+use crate::trace::{read_recording_path, ReadLimits, Recording, TraceError};
+
+/// The file-name endings of recordings that may have a stats file beside them.
+const RECORDING_SUFFIXES: [&str; 4] = [
+    ".trace.csv.gz",
+    ".trace.csv",
+    ".snapshot.pickle.gz",
+    ".snapshot.pickle",
+];
+
+/// A recording with what is known of how it was made.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The events (and, for snapshots, the final segments).
+    pub recording: Recording,
+    /// The stats file recorded with it, when there is one.
+    pub stats: Option<RunStats>,
+}
+
+impl Workload {
+    /// Reads the recording at `path` and the stats file beside it, if any.
+    ///
+    /// # Errors
+    /// A [`TraceError`] from either file (a stats file that is absent is fine; one
+    /// that is present must read).
+    pub fn open(path: &Path, limits: &ReadLimits) -> Result<Workload, TraceError> {
+        let recording = read_recording_path(path, limits)?;
+        let stats = match stats_path_for(path).filter(|p| p.is_file()) {
+            Some(p) => Some(read_stats_path(&p, limits)?),
+            None => None,
+        };
+        Ok(Workload { recording, stats })
+    }
+
+    /// The configuration string it was recorded with: the stats file's, else the
+    /// snapshot's, else the default (empty).
+    pub fn recorded_conf(&self) -> &str {
+        match (&self.stats, &self.recording.conf) {
+            (Some(stats), _) => &stats.conf,
+            (None, Some(conf)) => conf,
+            (None, None) => "",
+        }
+    }
+
+    /// The device's memory: the stats file's, else an H100 80GB's.
+    pub fn recorded_capacity(&self) -> u64 {
+        self.stats
+            .as_ref()
+            .map_or(H100_CAPACITY, |s| s.total_memory)
+    }
+
+    /// The recorded device and configuration, for planning.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the recorded configuration string does not parse.
+    pub fn recorded_device(&self) -> Result<RecordedDevice, ConfigError> {
+        Ok(RecordedDevice {
+            capacity: self.recorded_capacity(),
+            config: AllocatorConfig::parse(self.recorded_conf())?,
+        })
+    }
+}
+
+/// Where the stats file of the recording at `path` would be.
+pub fn stats_path_for(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let stem = RECORDING_SUFFIXES
+        .iter()
+        .find_map(|s| name.strip_suffix(s))?;
+    Some(path.with_file_name(format!("{stem}.stats.json.gz")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_live_beside_traces_and_snapshots() {
+        let p = stats_path_for(Path::new("/d/gpt2.native.trace.csv.gz")).unwrap();
+        assert_eq!(p, Path::new("/d/gpt2.native.stats.json.gz"));
+        let p = stats_path_for(Path::new("x.snapshot.pickle")).unwrap();
+        assert_eq!(p, Path::new("x.stats.json.gz"));
+        assert_eq!(stats_path_for(Path::new("notes.txt")), None);
+    }
+}

@@ -1,0 +1,142 @@
+//! Randomized robustness of the trace readers, run in every test suite (the
+//! `fuzz/` crate runs the same targets under libFuzzer): random bytes, and real
+//! recordings with random bytes changed, inserted or cut, must give a value or a
+//! typed error, never a panic.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use cachalot::replay::{plan, RecordedDevice, H100_CAPACITY};
+use cachalot::trace::pickle::snapshot_from_slice;
+use cachalot::trace::{read_recording, ReadLimits};
+use cachalot::AllocatorConfig;
+use proptest::prelude::*;
+
+fn limits() -> ReadLimits {
+    ReadLimits {
+        max_input_bytes: 1 << 22,
+        max_values: 1 << 20,
+        ..ReadLimits::default()
+    }
+}
+
+fn data(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/traces")
+        .join(name);
+    let mut out = Vec::new();
+    let file = std::fs::File::open(&path).expect("bundled recording");
+    flate2::read::GzDecoder::new(file)
+        .read_to_end(&mut out)
+        .expect("valid gzip");
+    out
+}
+
+/// Reads `bytes` both ways and plans whatever reads.
+fn exercise(bytes: &[u8]) {
+    if let Ok(recording) = read_recording(bytes, &limits()) {
+        let device = RecordedDevice {
+            capacity: H100_CAPACITY,
+            config: AllocatorConfig::default(),
+        };
+        let _ = plan(&recording.events, &device);
+    }
+    let _ = snapshot_from_slice(bytes, &limits());
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Set(usize, u8),
+    Insert(usize, Vec<u8>),
+    Cut(usize, usize),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..16)
+        )
+            .prop_map(|(i, v)| Mutation::Insert(i, v)),
+        (any::<usize>(), 1usize..64).prop_map(|(i, n)| Mutation::Cut(i, n)),
+    ]
+}
+
+fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
+    for m in mutations {
+        let len = bytes.len().max(1);
+        match m {
+            Mutation::Set(i, b) => {
+                if let Some(x) = bytes.get_mut(i % len) {
+                    *x = *b;
+                }
+            }
+            Mutation::Insert(i, v) => {
+                let at = i % (bytes.len() + 1);
+                bytes.splice(at..at, v.iter().copied());
+            }
+            Mutation::Cut(i, n) => {
+                let at = i % len;
+                let end = (at + n).min(bytes.len());
+                if at < end {
+                    bytes.drain(at..end);
+                }
+            }
+        }
+    }
+    bytes
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        exercise(&bytes);
+    }
+
+    #[test]
+    fn random_pickle_opcodes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let mut bytes = vec![0x80, 4];
+        bytes.extend(body);
+        bytes.push(b'.');
+        exercise(&bytes);
+    }
+
+    #[test]
+    fn mutated_snapshots_never_panic(mutations in proptest::collection::vec(mutation(), 1..8)) {
+        exercise(&mutate(data("seed002.native.snapshot.pickle.gz"), &mutations));
+    }
+
+    #[test]
+    fn mutated_traces_never_panic(mutations in proptest::collection::vec(mutation(), 1..8)) {
+        exercise(&mutate(data("seed002.native.trace.csv.gz"), &mutations));
+    }
+}
+
+#[test]
+fn every_pickle_protocol_reads_the_same_snapshot() {
+    let reference = snapshot_from_slice(&data("seed002.native.snapshot.pickle.gz"), &limits())
+        .expect("protocol 4");
+    assert_eq!(reference.device_traces[0].len(), 24);
+    for proto in [2, 3, 5] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/data/seed002.p{proto}.pickle"));
+        let bytes = std::fs::read(path).expect("fixture");
+        let snap = snapshot_from_slice(&bytes, &limits())
+            .unwrap_or_else(|e| panic!("protocol {proto}: {e}"));
+        assert_eq!(snap, reference, "protocol {proto}");
+    }
+}
+
+#[test]
+fn every_truncation_of_a_snapshot_is_an_error() {
+    let bytes = data("seed002.native.snapshot.pickle.gz");
+    for cut in 0..bytes.len() {
+        assert!(
+            snapshot_from_slice(&bytes[..cut], &limits()).is_err(),
+            "cut at {cut}"
+        );
+    }
+}
