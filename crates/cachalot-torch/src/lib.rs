@@ -34,7 +34,6 @@
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(clippy::unwrap_used)]
-#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod context;
 pub mod device;
