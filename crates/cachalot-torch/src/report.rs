@@ -1,0 +1,100 @@
+//! What the plug-in reports over its registry: PyTorch's memory summary, history
+//! recording, and snapshot pickles that PyTorch's memory tools read.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+
+use cachalot::history::HistoryConfig;
+use cachalot::snapshot_io::{pickle, SnapshotDump};
+use serde_pickle::{HashableValue, SerOptions, Value};
+
+use crate::error::{PluginError, PluginResult};
+use crate::registry::Registry;
+
+/// PyTorch's `memory_summary(device, abbreviated)` table for `device`.
+///
+/// # Errors
+/// The device cannot be opened.
+pub fn summary(registry: &Registry, device: i64, abbreviated: bool) -> PluginResult<String> {
+    let (ordinal, allocator) = registry.open(device)?;
+    Ok(cachalot::summary::memory_summary_with(
+        &allocator.stats(),
+        ordinal,
+        abbreviated,
+    ))
+}
+
+/// Starts or stops history recording on every device. `max_entries` bounds each
+/// device's ring of events (0: unbounded, PyTorch's default).
+pub fn record_history(registry: &Registry, enabled: bool, max_entries: usize) {
+    let capacity = if max_entries == 0 {
+        usize::MAX
+    } else {
+        max_entries
+    };
+    let config = enabled.then(|| HistoryConfig {
+        capacity,
+        ..HistoryConfig::default()
+    });
+    registry.set_history(config);
+}
+
+/// Writes every open device's segments, blocks and recorded history to `path` as
+/// one PyTorch snapshot pickle (segments of all devices; `device_traces[d]` holds
+/// device `d`'s events), as `torch.cuda.memory._dump_snapshot` does.
+///
+/// # Errors
+/// [`PluginError::Io`] when the file cannot be written.
+pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
+    let mut merged: Option<Value> = None;
+    for (device, allocator) in registry.devices() {
+        let history = registry.history(device);
+        let dump = SnapshotDump::capture(allocator.as_ref(), history.as_deref());
+        let value = pickle::to_value(&dump);
+        merged = Some(match merged {
+            None => value,
+            Some(into) => merge(into, value),
+        });
+    }
+    let value = merged.unwrap_or_else(|| {
+        pickle::to_value(&SnapshotDump {
+            config: registry.config().clone(),
+            ..SnapshotDump::default()
+        })
+    });
+    let io = |source| PluginError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let mut out = BufWriter::new(File::create(path).map_err(io)?);
+    serde_pickle::value_to_writer(&mut out, &value, SerOptions::new())
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    out.flush().map_err(io)
+}
+
+/// Adds a later device's snapshot to `into`: its segments are appended and its
+/// trace list takes its device's place in `device_traces`.
+fn merge(mut into: Value, from: Value) -> Value {
+    let (Value::Dict(target), Value::Dict(mut source)) = (&mut into, from) else {
+        return into;
+    };
+    for key in ["segments", "device_traces"] {
+        let name = HashableValue::String(key.to_string());
+        let (Some(Value::List(to)), Some(Value::List(add))) =
+            (target.get_mut(&name), source.remove(&name))
+        else {
+            continue;
+        };
+        if key == "segments" {
+            to.extend(add);
+            continue;
+        }
+        // A device's list is the last of its `device_traces`; earlier ones are empty.
+        let device = add.len().saturating_sub(1);
+        if let Some(trace) = add.into_iter().next_back() {
+            to.resize_with(to.len().max(device + 1), || Value::List(Vec::new()));
+            to[device] = trace;
+        }
+    }
+    into
+}
