@@ -113,4 +113,10 @@ fn wrong_policy_and_fraction_are_refused() {
             "{bad}"
         );
     }
+    let mut cfg = AllocatorConfig::default();
+    cfg.per_process_memory_fraction = 1.5;
+    assert!(matches!(
+        PytorchAllocator::new(backend, cfg),
+        Err(Error::InvalidArgument(_))
+    ));
 }
