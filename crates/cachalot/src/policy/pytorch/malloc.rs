@@ -16,7 +16,7 @@ impl State {
         if size == 0 {
             return Ok(0);
         }
-        if size > MAX_REQUEST {
+        if size >= MAX_REQUEST {
             return Err(Error::TooLarge {
                 requested: size,
                 limit: MAX_REQUEST,

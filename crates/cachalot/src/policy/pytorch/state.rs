@@ -2,6 +2,7 @@
 //! block out (with its split), and taking a freed block back (with its merges).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, EventId, StreamId};
@@ -28,6 +29,28 @@ pub(crate) struct Request {
     pub(crate) alloc_size: u64,
 }
 
+/// Hashes device addresses (already well spread in their middle bits) with one
+/// multiplication instead of SipHash; the map is private, so no untrusted keys.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Allocated blocks by address.
+pub(crate) type AddrMap<V> = HashMap<DevicePtr, V, BuildHasherDefault<AddrHasher>>;
+
 /// Everything behind the allocator's lock.
 pub(crate) struct State {
     /// Where segments, pages and events come from.
@@ -53,7 +76,7 @@ pub(crate) struct State {
     /// Cached larger blocks.
     pub(crate) large: BlockPool,
     /// Allocated blocks by address.
-    pub(crate) allocated: HashMap<DevicePtr, BlockId>,
+    pub(crate) allocated: AddrMap<BlockId>,
     /// Outstanding cross-stream events, per stream, oldest first.
     pub(crate) pending: BTreeMap<StreamId, VecDeque<PendingEvent>>,
     /// Events ready for reuse.
@@ -94,7 +117,7 @@ impl State {
             segments: Segments::default(),
             small: BlockPool::new(true),
             large: BlockPool::new(false),
-            allocated: HashMap::new(),
+            allocated: AddrMap::default(),
             pending: BTreeMap::new(),
             spare_events: Vec::new(),
             orphan_pages: Vec::new(),

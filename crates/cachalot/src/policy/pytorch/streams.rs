@@ -87,6 +87,9 @@ impl State {
 
     /// Reclaims blocks whose events have all completed (non-blocking).
     pub(crate) fn process_events(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let streams: Vec<StreamId> = self.pending.keys().copied().collect();
         for s in streams {
             while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {

@@ -1,0 +1,116 @@
+//! Behaviours of the `pytorch` policy that the goldens do not exercise:
+//! garbage collection, expandable-segment snapshots and unmapping, the oversize
+//! release step, and cross-stream frees with manual events.
+
+use std::sync::Arc;
+
+use cachalot::backend::sim::SimBackend;
+use cachalot::backend::CallKind;
+use cachalot::{AllocatorConfig, DeviceAllocator, PytorchAllocator, StreamId};
+
+const MIB: u64 = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+fn make(conf: &str, capacity: u64) -> (Arc<SimBackend>, PytorchAllocator) {
+    let sim = Arc::new(SimBackend::new(capacity));
+    let a = PytorchAllocator::new(sim.clone(), AllocatorConfig::parse(conf).unwrap()).unwrap();
+    (sim, a)
+}
+
+#[test]
+fn garbage_collection_frees_old_cached_segments_without_a_retry() {
+    let (_, a) = make("garbage_collection_threshold:0.5", 1 << 30);
+    a.set_memory_fraction(0.5).unwrap();
+    let blocks: Vec<u64> = (0..6).map(|_| a.malloc(50 * MIB, S0).unwrap()).collect();
+    for p in blocks {
+        a.free(p).unwrap();
+    }
+    assert_eq!(a.memory_reserved(), 300 * MIB);
+    let big = a.malloc(100 * MIB, S0).unwrap();
+    let st = a.stats();
+    assert!(st.num_device_free > 0, "GC released cached segments");
+    assert_eq!(st.num_alloc_retries, 0);
+    assert!(a.memory_reserved() < 300 * MIB + 100 * MIB);
+    a.free(big).unwrap();
+    a.validate().unwrap();
+}
+
+#[test]
+fn expandable_segments_map_pages_and_unmap_free_ones() {
+    let (sim, a) = make("expandable_segments:True", 8 << 30);
+    let p = a.malloc(30 * MIB, S0).unwrap();
+    let q = a.malloc(30 * MIB, S0).unwrap();
+    let st = a.stats();
+    assert_eq!(st.segment.all.current, 0, "maps do not count as segments");
+    assert_eq!(st.memory_reserved(), 60 * MIB, "three 20 MiB pages");
+    assert_eq!(st.num_device_alloc, 2);
+    assert_eq!(q, p + 30 * MIB, "one growing segment");
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.len(), 1);
+    assert!(snap.segments[0].is_expandable);
+    a.free(p).unwrap();
+    assert_eq!(
+        a.stats().inactive_split.all.current,
+        0,
+        "expandable blocks are not inactive splits"
+    );
+    a.empty_cache().unwrap();
+    a.validate().unwrap();
+    assert_eq!(
+        a.memory_reserved(),
+        40 * MIB,
+        "the first page is unmapped; the second holds q"
+    );
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.len(), 1);
+    assert_eq!(snap.segments[0].address, p + 20 * MIB);
+    assert!(sim.counters().count(CallKind::Unmap) >= 1);
+    a.free(q).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn oversize_blocks_are_released_before_the_final_retry() {
+    let (_, a) = make("max_split_size_mb:64", 1 << 30);
+    a.set_memory_fraction(0.5).unwrap();
+    let big: Vec<u64> = (0..4).map(|_| a.malloc(100 * MIB, S0).unwrap()).collect();
+    for p in &big {
+        a.free(*p).unwrap();
+    }
+    let p = a.malloc(300 * MIB, S0).unwrap();
+    let st = a.stats();
+    assert_eq!(
+        st.num_alloc_retries, 0,
+        "releasing cached oversize segments sufficed"
+    );
+    assert_eq!(st.num_sync_all_streams, 0);
+    assert_eq!(
+        st.oversize_segments.current, 2,
+        "one cached 100 MiB segment was kept"
+    );
+    assert_eq!(a.memory_reserved(), 400 * MIB);
+    a.free(p).unwrap();
+    a.validate().unwrap();
+}
+
+#[test]
+fn cross_stream_free_waits_for_the_other_stream() {
+    let (sim, a) = make("", 1 << 30);
+    sim.set_manual_events(true);
+    let p = a.malloc(4 * MIB, S0).unwrap();
+    a.record_stream(p, StreamId(5)).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(4 * MIB, S0).unwrap();
+    assert_ne!(q, p, "the block is still in use by stream 5");
+    a.validate().unwrap();
+    sim.complete_stream(StreamId(5));
+    let r = a.malloc(4 * MIB, S0).unwrap();
+    assert_eq!(r, p, "reclaimed at the next malloc");
+    assert_eq!(a.snapshot().segments.len(), 1);
+    for x in [q, r] {
+        a.free(x).unwrap();
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
