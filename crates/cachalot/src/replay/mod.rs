@@ -281,21 +281,45 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn alloc(slot: u32, size: u64) -> Op {
-        Op::Alloc { slot, size, stream: StreamId::DEFAULT }
+        Op::Alloc {
+            slot,
+            size,
+            stream: StreamId::DEFAULT,
+        }
     }
 
     fn plan_of(ops: Vec<Op>, slots: usize) -> Plan {
-        Plan { events: ops.len(), ops, slots, ..Plan::default() }
+        Plan {
+            events: ops.len(),
+            ops,
+            slots,
+            ..Plan::default()
+        }
     }
 
     #[test]
     fn out_of_memory_skips_the_allocation_and_its_free() {
-        let ops = vec![alloc(0, 64 * MIB), alloc(1, 64 * MIB), Op::Free { slot: 1 }, Op::Free { slot: 0 }, Op::EmptyCache];
-        let r = replay(&plan_of(ops, 2), AllocatorConfig::default(), 100 * MIB, &mut |_| {}).unwrap();
+        let ops = vec![
+            alloc(0, 64 * MIB),
+            alloc(1, 64 * MIB),
+            Op::Free { slot: 1 },
+            Op::Free { slot: 0 },
+            Op::EmptyCache,
+        ];
+        let r = replay(
+            &plan_of(ops, 2),
+            AllocatorConfig::default(),
+            100 * MIB,
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!((r.allocs, r.ooms, r.frees, r.empty_caches), (1, 1, 1, 1));
         assert_eq!(r.peak_requested_bytes, 64 * MIB);
         assert_eq!(r.segment_sizes, [64 * MIB]);
-        assert_eq!(r.final_stats.reserved_bytes.all.current, 0, "empty_cache gave the segment back");
+        assert_eq!(
+            r.final_stats.reserved_bytes.all.current, 0,
+            "empty_cache gave the segment back"
+        );
         assert_eq!(r.device_calls.get("segment_free"), Some(&1));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["final_stats"]["num_ooms"], 1);
@@ -305,14 +329,27 @@ mod tests {
     fn a_slot_outside_the_plan_is_an_error() {
         let bad = plan_of(vec![Op::Free { slot: 7 }], 1);
         let err = replay(&bad, AllocatorConfig::default(), 100 * MIB, &mut |_| {}).unwrap_err();
-        assert!(matches!(err, ReplayError::BadSlot { op: 0, slot: 7, slots: 1 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ReplayError::BadSlot {
+                    op: 0,
+                    slot: 7,
+                    slots: 1
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn progress_reports_the_end() {
         let mut seen = Vec::new();
         let p = plan_of(vec![alloc(0, 512), Op::Free { slot: 0 }], 1);
-        replay(&p, AllocatorConfig::default(), 100 * MIB, &mut |n| seen.push(n)).unwrap();
+        replay(&p, AllocatorConfig::default(), 100 * MIB, &mut |n| {
+            seen.push(n)
+        })
+        .unwrap();
         assert_eq!(seen, [2]);
     }
 }
