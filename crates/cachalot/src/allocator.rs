@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{Error, InvariantViolation, Result};
+use crate::error::{InvariantViolation, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -118,8 +118,8 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 /// Builds the allocator for `config.policy` on `backend`.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a configuration the policy cannot run, or a
-/// policy not built yet.
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
+/// the policy cannot run.
 pub fn create(
     backend: Arc<dyn Backend>,
     config: AllocatorConfig,
@@ -128,8 +128,8 @@ pub fn create(
         PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
             backend, config,
         )?)),
-        PolicyKind::Cachalot => Err(Error::InvalidArgument(
-            "the cachalot policy is not available yet".into(),
-        )),
+        PolicyKind::Cachalot => Ok(Arc::new(crate::policy::CachalotAllocator::new(
+            backend, config,
+        )?)),
     }
 }

@@ -125,6 +125,16 @@ pub struct AllocatorConfig {
     pub pinned_use_background_threads: bool,
     /// Accepted for compatibility (CUDA graph capture is not modelled).
     pub graph_capture_record_stream_reuse: bool,
+    /// `cachalot` policy: how far, as a fraction, a stream's mapped pages may exceed
+    /// the most pages it ever had in use before it re-maps its own cached pages
+    /// instead of creating new ones (`cachalot_reuse_slack`). Lower trades driver
+    /// calls for less reserved memory. Default: 0.035 (the largest that keeps
+    /// every bundled trace within 5% of its peak requested bytes).
+    pub cachalot_reuse_slack: f64,
+    /// `cachalot` policy: cached (mapped but unused) bytes a stream keeps; past it,
+    /// frees unmap and release the least recently used pages
+    /// (`cachalot_release_threshold_mb`). Default: unlimited (`None`).
+    pub cachalot_release_threshold: Option<u64>,
     /// The string this configuration was parsed from.
     pub source: String,
 }
@@ -144,6 +154,8 @@ impl Default for AllocatorConfig {
             pinned_num_register_threads: 1,
             pinned_use_background_threads: false,
             graph_capture_record_stream_reuse: false,
+            cachalot_reuse_slack: 0.035,
+            cachalot_release_threshold: None,
             source: String::new(),
         }
     }
@@ -217,6 +229,20 @@ impl AllocatorConfig {
             }
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = parse_bool(key, value)?
+            }
+            "cachalot_reuse_slack" => {
+                let f = parse_f64(key, value)?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
+                }
+                self.cachalot_reuse_slack = f;
+            }
+            "cachalot_release_threshold_mb" => {
+                let mb = parse_u64(key, value)?;
+                let bytes = mb
+                    .checked_mul(MIB)
+                    .ok_or_else(|| ConfigError::bad(key, value, "too large"))?;
+                self.cachalot_release_threshold = Some(bytes);
             }
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
@@ -399,5 +425,18 @@ mod tests {
         assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
         assert!(AllocatorConfig::parse("expandable_segments").is_err());
         assert!(AllocatorConfig::parse("per_process_memory_fraction:1.5").is_err());
+        assert!(AllocatorConfig::parse("cachalot_reuse_slack:2").is_err());
+        assert!(AllocatorConfig::parse("cachalot_release_threshold_mb:-1").is_err());
+    }
+
+    #[test]
+    fn parses_cachalot_keys() {
+        let c = AllocatorConfig::parse(
+            "policy:cachalot,cachalot_reuse_slack:0.1,cachalot_release_threshold_mb:64",
+        )
+        .unwrap();
+        assert_eq!(c.cachalot_reuse_slack, 0.1);
+        assert_eq!(c.cachalot_release_threshold, Some(64 * MIB));
+        assert_eq!(AllocatorConfig::default().cachalot_reuse_slack, 0.035);
     }
 }

@@ -77,8 +77,12 @@ impl fmt::Display for FreeError {
 }
 
 /// The numbers behind an out-of-memory error. Its `Display` follows PyTorch's
-/// message, so logs read the same.
-#[derive(Clone, Debug, PartialEq)]
+/// message, so logs read the same; [`crate::report::oom::describe`] adds the
+/// breakdown and advice.
+///
+/// Policies build it as a struct literal ending in `..OomReport::default()`,
+/// then attach what they know with [`OomReport::with_breakdown`].
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct OomReport {
     /// The device ordinal.
     pub device: usize,
@@ -101,9 +105,44 @@ pub struct OomReport {
     pub stream: StreamId,
     /// The allocator configuration string in force.
     pub config: String,
+    /// Where the memory is: live allocations by size, free blocks. Empty unless
+    /// the policy filled it in.
+    pub breakdown: OomBreakdown,
+}
+
+/// Where a device's memory was when an allocation failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OomBreakdown {
+    /// Live allocations by block size, smallest bucket first.
+    pub live_by_size: Vec<SizeBucket>,
+    /// The largest free (inactive) block in any segment, in bytes.
+    pub largest_free_block: u64,
+    /// Free bytes inside segments that also hold active blocks (cannot be
+    /// returned to the device).
+    pub inactive_split_bytes: u64,
+    /// Segments held.
+    pub segments: usize,
+}
+
+/// Live allocations whose block size is at most `max_size` (and above the
+/// previous bucket's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SizeBucket {
+    /// Upper bound of the bucket in bytes (`u64::MAX` for the last).
+    pub max_size: u64,
+    /// Allocations in it.
+    pub count: u64,
+    /// Their allocated bytes.
+    pub bytes: u64,
 }
 
 impl OomReport {
+    /// The report with `breakdown` attached.
+    pub fn with_breakdown(mut self, breakdown: OomBreakdown) -> OomReport {
+        self.breakdown = breakdown;
+        self
+    }
+
     /// Reserved bytes that no allocation uses (fragmentation and cache).
     pub fn reserved_unallocated(&self) -> u64 {
         self.reserved.saturating_sub(self.allocated)

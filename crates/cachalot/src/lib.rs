@@ -51,11 +51,16 @@ pub mod config;
 pub mod error;
 pub mod event;
 pub mod golden;
+pub mod history;
 pub mod policy;
 pub mod replay;
+pub mod report;
 pub mod snapshot;
+pub mod snapshot_io;
 pub mod stats;
+pub mod summary;
 pub mod trace;
+pub mod view;
 
 pub use allocator::DeviceAllocator;
 pub use backend::{Backend, DevicePtr, StreamId};

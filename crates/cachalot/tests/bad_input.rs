@@ -89,11 +89,13 @@ fn wrong_policy_and_fraction_are_refused() {
     let mut cfg = AllocatorConfig::default();
     cfg.policy = PolicyKind::Cachalot;
     assert!(matches!(
-        PytorchAllocator::new(backend.clone(), cfg.clone()),
+        PytorchAllocator::new(backend.clone(), cfg),
         Err(Error::InvalidArgument(_))
     ));
+    let mut cfg = AllocatorConfig::default();
+    cfg.per_process_memory_fraction = 1.5;
     assert!(matches!(
-        cachalot::allocator::create(backend, cfg),
+        PytorchAllocator::new(backend, cfg),
         Err(Error::InvalidArgument(_))
     ));
 }

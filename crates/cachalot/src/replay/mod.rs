@@ -29,7 +29,7 @@ use crate::allocator::{self, DeviceAllocator};
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, CallKind, DevicePtr};
 use crate::config::AllocatorConfig;
-use crate::error::Error;
+use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
 use crate::stats::{MemoryStats, Stat};
 
@@ -110,6 +110,10 @@ pub struct ReplayReport {
     /// flattened key names).
     #[serde(serialize_with = "stats_by_key")]
     pub final_stats: MemoryStats,
+    /// The first out-of-memory error, with its breakdown (print it with
+    /// [`crate::report::oom::describe`]). Not part of the JSON output.
+    #[serde(skip)]
+    pub first_oom: Option<OomReport>,
 }
 
 impl ReplayReport {
@@ -127,14 +131,19 @@ fn stats_by_key<S: Serializer>(stats: &MemoryStats, out: S) -> Result<S::Ok, S::
     stats.to_map().serialize(out)
 }
 
-/// Collects the sizes of the segments an allocator obtains.
-#[derive(Debug, Default)]
+/// Collects the sizes of the segments an allocator obtains, and passes every
+/// event on to `also` (a history recorder, say).
+#[derive(Default)]
 struct SegmentLog {
     sizes: Mutex<Vec<u64>>,
+    also: Option<Arc<dyn Observer>>,
 }
 
 impl Observer for SegmentLog {
     fn on_event(&self, event: &TraceEvent) {
+        if let Some(also) = &self.also {
+            also.on_event(event);
+        }
         if matches!(event.action, Action::SegmentAlloc | Action::SegmentMap) {
             self.sizes
                 .lock()
@@ -151,6 +160,7 @@ struct Tally {
     frees: u64,
     empty_caches: u64,
     ooms: u64,
+    first_oom: Option<OomReport>,
 }
 
 /// Replays `plan` with a fresh allocator for `config` on a simulated device of
@@ -186,7 +196,25 @@ pub fn run(
     sim: &SimBackend,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let log = Arc::new(SegmentLog::default());
+    run_observed(plan, allocator, sim, progress, None)
+}
+
+/// [`run`], also passing every allocator event to `observer` (a
+/// [`History`](crate::history::History), to see the replay afterwards).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_observed(
+    plan: &Plan,
+    allocator: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    progress: &mut dyn FnMut(usize),
+    observer: Option<Arc<dyn Observer>>,
+) -> Result<ReplayReport, ReplayError> {
+    let log = Arc::new(SegmentLog {
+        sizes: Mutex::default(),
+        also: observer,
+    });
     allocator.set_observer(Some(log.clone()));
     let start = Instant::now();
     let result = drive(plan, allocator, progress);
@@ -220,6 +248,7 @@ pub fn run(
         ooms: tally.ooms,
         ns_per_event: elapsed.as_nanos() as f64 / plan.events.max(1) as f64,
         final_stats: stats,
+        first_oom: tally.first_oom,
     })
 }
 
@@ -251,7 +280,10 @@ fn drive(
                         *entry = ptr;
                         tally.allocs += 1;
                     }
-                    Err(Error::OutOfMemory(_)) => tally.ooms += 1,
+                    Err(Error::OutOfMemory(report)) => {
+                        tally.ooms += 1;
+                        tally.first_oom.get_or_insert(*report);
+                    }
                     Err(e) => return Err(fail(e)),
                 }
             }

@@ -1,7 +1,7 @@
 //! `malloc`: the cache, then new memory, then the retry chain, then out-of-memory.
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::error::{Error, OomReport, Result, MAX_REQUEST};
+use crate::error::{Error, OomBreakdown, OomReport, Result, MAX_REQUEST};
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -77,6 +77,7 @@ impl State {
             allowed: self.allowed,
             stream: req.stream,
             config: self.config_source.clone(),
+            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
         }))
     }
 }

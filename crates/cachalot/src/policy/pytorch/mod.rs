@@ -93,7 +93,7 @@ fn check_fraction(fraction: f64) -> Result<()> {
 
 impl Drop for PytorchAllocator {
     fn drop(&mut self) {
-        self.lock().destroy_spare_events();
+        self.lock().destroy_events();
     }
 }
 

@@ -129,9 +129,15 @@ impl State {
         }
     }
 
-    /// Destroys the spare events (best effort, when the allocator is dropped).
-    pub(crate) fn destroy_spare_events(&mut self) {
-        for e in self.spare_events.drain(..) {
+    /// Destroys every event this allocator created, spare or outstanding (best
+    /// effort, when the allocator is dropped).
+    pub(crate) fn destroy_events(&mut self) {
+        let outstanding = std::mem::take(&mut self.pending)
+            .into_values()
+            .flatten()
+            .map(|e| e.event);
+        let events: Vec<EventId> = self.spare_events.drain(..).chain(outstanding).collect();
+        for e in events {
             let _ = self.backend.destroy_event(e);
         }
     }

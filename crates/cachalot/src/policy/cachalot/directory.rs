@@ -1,0 +1,137 @@
+//! The streams of one allocator, found without a lock: a fixed table of entries
+//! filled once each, and the reserved ranges of each stream published in
+//! atomics so a free finds its stream by address without touching the others.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use crate::backend::{DevicePtr, StreamId};
+
+use super::stream::StreamState;
+
+/// Streams one allocator serves at most.
+pub(crate) const MAX_STREAMS: usize = 256;
+
+/// The reserved ranges of a stream's two pools, as (base, end) pairs; 0, 0 when
+/// none.
+#[derive(Debug, Default)]
+pub(crate) struct RangeTable([AtomicU64; 4]);
+
+impl RangeTable {
+    /// Publishes pool `pool`'s range (`None` when released).
+    pub(crate) fn publish(&self, pool: usize, range: Option<(u64, u64)>) {
+        let (base, size) = range.unwrap_or((0, 0));
+        self.0[2 * pool].store(base, Ordering::Release);
+        self.0[2 * pool + 1].store(base + size, Ordering::Release);
+    }
+
+    /// Whether `ptr` lies in one of the ranges.
+    pub(crate) fn contains(&self, ptr: DevicePtr) -> bool {
+        (0..2).any(|p| {
+            let base = self.0[2 * p].load(Ordering::Acquire);
+            base <= ptr && ptr < self.0[2 * p + 1].load(Ordering::Acquire)
+        })
+    }
+}
+
+/// One stream's state behind its own lock.
+#[derive(Debug)]
+pub(crate) struct StreamEntry {
+    /// The stream.
+    pub(crate) stream: StreamId,
+    /// Where its pools' ranges are.
+    pub(crate) ranges: std::sync::Arc<RangeTable>,
+    state: Mutex<StreamState>,
+}
+
+impl StreamEntry {
+    /// Locks the stream's state. A panic in another thread cannot leave it
+    /// half-changed in a way `validate` would not report, so the guard is kept.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Directory {
+    entries: Box<[OnceLock<StreamEntry>]>,
+    len: AtomicUsize,
+    grow: Mutex<()>,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory {
+            entries: (0..MAX_STREAMS).map(|_| OnceLock::new()).collect(),
+            len: AtomicUsize::new(0),
+            grow: Mutex::new(()),
+        }
+    }
+}
+
+impl Directory {
+    /// Every stream entry, in creation order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &StreamEntry> {
+        self.entries[..self.len.load(Ordering::Acquire)]
+            .iter()
+            .filter_map(OnceLock::get)
+    }
+
+    /// The entry of `stream`, if it exists.
+    pub(crate) fn get(&self, stream: StreamId) -> Option<&StreamEntry> {
+        self.iter().find(|e| e.stream == stream)
+    }
+
+    /// The entry of `stream`, created with `make` when new; `None` when the
+    /// table is full.
+    pub(crate) fn get_or_create(
+        &self,
+        stream: StreamId,
+        make: impl FnOnce(std::sync::Arc<RangeTable>) -> StreamState,
+    ) -> Option<&StreamEntry> {
+        if let Some(e) = self.get(stream) {
+            return Some(e);
+        }
+        let _guard = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = self.get(stream) {
+            return Some(e);
+        }
+        let n = self.len.load(Ordering::Acquire);
+        let slot = self.entries.get(n)?;
+        let ranges = std::sync::Arc::new(RangeTable::default());
+        let state = Mutex::new(make(ranges.clone()));
+        let entry = slot.get_or_init(|| StreamEntry {
+            stream,
+            ranges,
+            state,
+        });
+        self.len.store(n + 1, Ordering::Release);
+        Some(entry)
+    }
+
+    /// Holds off new streams while the guard lives.
+    pub(crate) fn freeze(&self) -> MutexGuard<'_, ()> {
+        self.grow.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stream whose reserved range holds `ptr`, if any.
+    pub(crate) fn owner_of(&self, ptr: DevicePtr) -> Option<&StreamEntry> {
+        self.iter().find(|e| e.ranges.contains(ptr))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_publish_and_clear() {
+        let t = RangeTable::default();
+        assert!(!t.contains(0));
+        t.publish(1, Some((4096, 8192)));
+        assert!(t.contains(4096) && t.contains(12287) && !t.contains(12288));
+        t.publish(1, None);
+        assert!(!t.contains(4096));
+    }
+}

@@ -1,0 +1,206 @@
+//! A stream's statistics and events, changed in one place: every block and
+//! page transition of the policy goes through one method here, which updates
+//! [`MemoryStats`] and tells the observer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::{DevicePtr, StreamId};
+use crate::event::{Action, Observer, TraceEvent};
+use crate::stats::MemoryStats;
+
+/// See the module docs.
+pub(crate) struct Ledger {
+    /// The statistics of this stream's pools.
+    pub(crate) stats: MemoryStats,
+    observer: Option<Arc<dyn Observer>>,
+    start: Instant,
+    stream: StreamId,
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("stream", &self.stream)
+            .field("observed", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl Ledger {
+    /// Fresh statistics for `stream`; event times count from `start`.
+    pub(crate) fn new(stats: MemoryStats, stream: StreamId, start: Instant) -> Ledger {
+        Ledger {
+            stats,
+            observer: None,
+            start,
+            stream,
+        }
+    }
+
+    /// Installs or removes the observer.
+    pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
+        self.observer = observer;
+    }
+
+    fn emit(&self, action: Action, addr: DevicePtr, size: u64) {
+        if let Some(o) = &self.observer {
+            let time_us = self.start.elapsed().as_micros() as u64;
+            o.on_event(&TraceEvent {
+                time_us,
+                action,
+                addr,
+                size,
+                stream: self.stream,
+            });
+        }
+    }
+
+    /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
+    pub(crate) fn allocated(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
+        let s = &mut self.stats;
+        s.allocation.update(small, 1);
+        s.allocated_bytes.update(small, size as i64);
+        s.active.update(small, 1);
+        s.active_bytes.update(small, size as i64);
+        s.requested_bytes.update(small, requested as i64);
+        self.emit(Action::Alloc, addr, requested);
+    }
+
+    /// The caller freed the block; it stays active until its streams pass.
+    pub(crate) fn free_requested(
+        &mut self,
+        small: bool,
+        addr: DevicePtr,
+        size: u64,
+        requested: u64,
+    ) {
+        let s = &mut self.stats;
+        s.allocation.update(small, -1);
+        s.allocated_bytes.update(small, -(size as i64));
+        self.emit(Action::FreeRequested, addr, requested);
+    }
+
+    /// The block became reusable.
+    pub(crate) fn free_completed(
+        &mut self,
+        small: bool,
+        addr: DevicePtr,
+        size: u64,
+        requested: u64,
+    ) {
+        let s = &mut self.stats;
+        s.active.update(small, -1);
+        s.active_bytes.update(small, -(size as i64));
+        s.requested_bytes.update(small, -(requested as i64));
+        self.emit(Action::FreeCompleted, addr, requested);
+    }
+
+    /// A page of `bytes` was mapped at `addr`, changing the count of contiguous
+    /// mapped runs (segments) by `runs`.
+    pub(crate) fn mapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
+        let s = &mut self.stats;
+        s.reserved_bytes.update(small, bytes as i64);
+        s.segment.update(small, runs);
+        s.num_device_alloc += 1;
+        self.emit(Action::SegmentMap, addr, bytes);
+    }
+
+    /// A page of `bytes` at `addr` was unmapped.
+    pub(crate) fn unmapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
+        let s = &mut self.stats;
+        s.reserved_bytes.update(small, -(bytes as i64));
+        s.segment.update(small, runs);
+        s.num_device_free += 1;
+        self.emit(Action::SegmentUnmap, addr, bytes);
+    }
+
+    /// A device segment was allocated.
+    pub(crate) fn segment_allocated(&mut self, small: bool, addr: DevicePtr, size: u64) {
+        let s = &mut self.stats;
+        s.reserved_bytes.update(small, size as i64);
+        s.segment.update(small, 1);
+        s.num_device_alloc += 1;
+        self.emit(Action::SegmentAlloc, addr, size);
+    }
+
+    /// A device segment was freed.
+    pub(crate) fn segment_freed(&mut self, small: bool, addr: DevicePtr, size: u64) {
+        let s = &mut self.stats;
+        s.reserved_bytes.update(small, -(size as i64));
+        s.segment.update(small, -1);
+        s.num_device_free += 1;
+        self.emit(Action::SegmentFree, addr, size);
+    }
+
+    /// The heap's inactive split blocks went from `before` to `after` (count, bytes).
+    pub(crate) fn splits_changed(&mut self, small: bool, before: (u64, u64), after: (u64, u64)) {
+        let s = &mut self.stats;
+        s.inactive_split
+            .update(small, after.0 as i64 - before.0 as i64);
+        s.inactive_split_bytes
+            .update(small, after.1 as i64 - before.1 as i64);
+    }
+
+    /// An allocation failed for lack of memory, even after a flush.
+    pub(crate) fn out_of_memory(&mut self, requested: u64, device_free: u64) {
+        self.stats.num_ooms += 1;
+        self.emit(Action::Oom, device_free, requested);
+    }
+
+    /// Cached memory was flushed to retry an allocation.
+    pub(crate) fn retried(&mut self) {
+        self.stats.num_alloc_retries += 1;
+    }
+
+    /// Pending events were all synchronized.
+    pub(crate) fn synced_all(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Log(Mutex<Vec<Action>>);
+    impl Observer for Log {
+        fn on_event(&self, e: &TraceEvent) {
+            self.0.lock().unwrap().push(e.action);
+        }
+    }
+
+    #[test]
+    fn transitions_balance() {
+        let log = Arc::new(Log::default());
+        let mut l = Ledger::new(MemoryStats::new(None), StreamId(3), Instant::now());
+        l.set_observer(Some(log.clone()));
+        l.mapped(false, 0, 2 << 20, 1);
+        l.allocated(false, 0, 4096, 4000);
+        assert_eq!(l.stats.requested_bytes.all.current, 4000);
+        l.free_requested(false, 0, 4096, 4000);
+        assert_eq!(
+            (
+                l.stats.allocated_bytes.all.current,
+                l.stats.active_bytes.all.current
+            ),
+            (0, 4096)
+        );
+        l.free_completed(false, 0, 4096, 4000);
+        l.unmapped(false, 0, 2 << 20, -1);
+        let s = &l.stats;
+        assert_eq!(
+            (
+                s.active.all.current,
+                s.reserved_bytes.large_pool.peak,
+                s.segment.all.current
+            ),
+            (0, 2 << 20, 0)
+        );
+        assert_eq!((s.num_device_alloc, s.num_device_free), (1, 1));
+        assert_eq!(log.0.lock().unwrap().len(), 5);
+    }
+}

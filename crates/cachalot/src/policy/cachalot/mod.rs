@@ -1,0 +1,401 @@
+//! The `cachalot` policy: near-zero fragmentation without a global lock.
+//!
+//! # Data structures
+//!
+//! * Each stream owns two **pools** (small: requests of 1 MiB or less; large),
+//!   each a **heap** (`heap`): blocks in an id-addressed arena tiling the pool's
+//!   regions, a best-fit index of free blocks (`BTreeMap` by size, then address)
+//!   and an address index of live ones. Blocks are 512-byte multiples.
+//! * With virtual memory, a pool's region is one reserved virtual range of twice
+//!   the device's memory, and `slots` tracks its 2 MiB page slots: which hold a
+//!   physical page, how many live blocks touch each, and the mapped slots no
+//!   block touches (cached pages), found by a clock sweep when one is needed.
+//! * `pages` is the device side all streams share: page and segment creation
+//!   counted against the memory fraction (one atomic, slow paths only).
+//! * Without virtual memory a pool's regions are device segments (2 MiB for the
+//!   small pool, the request rounded up to 2 MiB for the large one), placed by
+//!   best fit with merging; idle segments go back on `empty_cache`, on OOM, and
+//!   before a new segment would take reserved bytes 5% past the peak of active
+//!   bytes.
+//!
+//! # Why it fragments less
+//!
+//! Physical pages are interchangeable, so only pages under live blocks need to be
+//! backed: a free hole in the virtual range costs nothing once its pages are
+//! re-mapped elsewhere. Placement (`pool`) is *mapping-aware best fit*: the
+//! smallest free block whose pages are already mapped; failing that, the block
+//! needing the fewest new pages. When a page must be mapped, the stream takes a
+//! cached page of its own (unmap + map) instead of creating one once its mapped
+//! pages reach `1 + cachalot_reuse_slack` (default 1.035) times the most pages it
+//! ever had in use. So reserved memory follows the peak of pages *touched by live
+//! blocks* (plus the slack), not the peak of a fragmented address range, while a
+//! steady training loop, whose layout repeats, settles on mapped pages and makes
+//! no driver calls. On the bundled traces peak reserved / peak requested is
+//! 1.018 (resnet50), 1.019 (vit), 1.036 (gpt2) and 1.048 (bert with varying
+//! shapes), against 1.020, 1.021, 1.037 and 1.178 for PyTorch's expandable
+//! segments (tests/cachalot_traces.rs).
+//!
+//! # The hot path
+//!
+//! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock the
+//! stream, one `BTreeMap` range lookup whose first hit is almost always fully
+//! mapped, bump the users of its slots, split, update statistics in
+//! `ledger`. `free`: find the stream by address (ranges published per stream
+//! in atomics), lock it, one hash lookup, merge with free neighbours. No backend
+//! call unless a page must be mapped, a segment allocated or an event recorded.
+//!
+//! # Locking
+//!
+//! One mutex per stream guards its pools, statistics and pending frees; threads
+//! on different streams never share a lock on the hot path. Shared state is the
+//! stream table (written once per new stream) and the page counter in
+//! `pages`. A free from another thread locks the owning stream. Out of memory
+//! drops the stream's lock, flushes every stream's cache one lock at a time, and
+//! retries once before reporting [`Error::OutOfMemory`]. `validate` holds off new
+//! streams and locks them all (in table order; nothing else holds two).
+//!
+//! # Statistics and events
+//!
+//! PyTorch's meanings, per stream, changed only in `ledger`: reserved bytes
+//! are mapped pages plus segment bytes; a `segment` is a contiguous run of mapped
+//! pages (as PyTorch's snapshot reports expandable segments) or a device segment;
+//! inactive splits are counted only without virtual memory, as PyTorch does for
+//! expandable segments. [`DeviceAllocator::stats`] adds the streams' statistics:
+//! current values and totals are exact; peaks are exact with one stream and an
+//! upper bound (the sum of per-stream peaks) with several. Events: `alloc`,
+//! `free_requested`, `free_completed`, `segment_map`/`segment_unmap` (one per
+//! page) or `segment_alloc`/`segment_free`, and `oom`.
+//!
+//! # Configuration
+//!
+//! `cachalot_reuse_slack` (default 0.035) and `cachalot_release_threshold_mb`
+//! (default unlimited: cached pages stay mapped until `empty_cache` or OOM),
+//! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
+
+mod audit;
+mod directory;
+mod heap;
+mod ledger;
+mod pages;
+mod pool;
+mod slots;
+mod stream;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::allocator::DeviceAllocator;
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::config::{AllocatorConfig, PolicyKind};
+use crate::error::{
+    Error, FreeError, InvariantViolation, OomBreakdown, OomReport, Result, MAX_REQUEST,
+};
+use crate::event::Observer;
+use crate::snapshot::MemorySnapshot;
+use crate::stats::{MemoryStats, Stat, StatArray};
+
+use directory::{Directory, StreamEntry, MAX_STREAMS};
+use ledger::Ledger;
+use pages::Pages;
+use pool::ROUNDING;
+use stream::{StreamConfig, StreamState};
+
+/// The `cachalot` policy's allocator for one device. See the module docs.
+pub struct CachalotAllocator {
+    config: AllocatorConfig,
+    backend: Arc<dyn Backend>,
+    pages: Pages,
+    streams: Directory,
+    observer: Mutex<Option<Arc<dyn Observer>>>,
+    stream_config: StreamConfig,
+    start: Instant,
+}
+
+impl fmt::Debug for CachalotAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachalotAllocator")
+            .field("config", &self.config.source)
+            .field("pages", &self.pages)
+            .finish()
+    }
+}
+
+impl CachalotAllocator {
+    /// An allocator drawing from `backend`: pages and virtual ranges where the
+    /// backend has virtual memory, device segments otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a memory fraction outside `[0, 1]`.
+    pub fn new(backend: Arc<dyn Backend>, config: AllocatorConfig) -> Result<Self> {
+        let caps = backend.capabilities();
+        let range_size = match caps.granularity {
+            0 => 0,
+            g => caps.total_memory.saturating_mul(2).div_ceil(g).max(1) * g,
+        };
+        let stream_config = StreamConfig {
+            slack: config.cachalot_reuse_slack,
+            threshold: config.cachalot_release_threshold,
+            range_size,
+        };
+        let allocator = CachalotAllocator {
+            pages: Pages::new(backend.clone()),
+            backend,
+            streams: Directory::default(),
+            observer: Mutex::new(None),
+            stream_config,
+            start: Instant::now(),
+            config,
+        };
+        allocator.set_memory_fraction(allocator.config.per_process_memory_fraction)?;
+        Ok(allocator)
+    }
+
+    fn entry(&self, stream: StreamId) -> Result<&StreamEntry> {
+        let make = |ranges| {
+            let mut ledger = Ledger::new(
+                MemoryStats::new(self.config.max_split_size),
+                stream,
+                self.start,
+            );
+            ledger.set_observer(
+                self.observer
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            );
+            StreamState::new(stream, ledger, self.stream_config, ranges)
+        };
+        self.streams.get_or_create(stream, make).ok_or_else(|| {
+            Error::InvalidArgument(format!("more than {MAX_STREAMS} streams on one device"))
+        })
+    }
+
+    /// Runs `f` on the live allocation at `ptr` under its stream's lock: the
+    /// stream whose range holds `ptr`, else (for segments) each in turn.
+    fn with_live<T>(
+        &self,
+        ptr: DevicePtr,
+        f: impl FnOnce(&mut StreamState, usize, heap::BlockId) -> Result<T>,
+    ) -> Result<T> {
+        let owner = self.streams.owner_of(ptr);
+        let segments = self.pages.granularity() == 0;
+        let candidates = owner
+            .into_iter()
+            .chain(self.streams.iter().filter(|_| segments && owner.is_none()));
+        let mut reason = FreeError::Foreign;
+        for entry in candidates {
+            let mut st = entry.lock();
+            match st.find(ptr) {
+                Ok((p, id)) => return f(&mut st, p, id),
+                Err(FreeError::DoubleFree) => reason = FreeError::DoubleFree,
+                Err(FreeError::Foreign) => {}
+            }
+        }
+        Err(Error::InvalidFree { ptr, reason })
+    }
+
+    /// Returns every stream's cached memory to the device.
+    fn flush_all(&self) -> Result<()> {
+        for entry in self.streams.iter() {
+            entry.lock().empty_cache(&self.pages)?;
+        }
+        Ok(())
+    }
+
+    fn out_of_memory(&self, entry: &StreamEntry, requested: u64, alloc_size: u64) -> Error {
+        let stats = self.stats();
+        let device_free = self.backend.mem_info().map_or(0, |m| m.free);
+        entry.lock().ledger.out_of_memory(requested, device_free);
+        Error::OutOfMemory(Box::new(OomReport {
+            device: self.backend.capabilities().device,
+            requested,
+            alloc_size,
+            capacity: self.backend.capabilities().total_memory,
+            device_free,
+            allocated: stats.memory_allocated(),
+            reserved: stats.memory_reserved(),
+            allowed: self.pages.limit(),
+            stream: entry.stream,
+            config: self.config.source.clone(),
+            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
+        }))
+    }
+}
+
+impl DeviceAllocator for CachalotAllocator {
+    fn policy(&self) -> PolicyKind {
+        PolicyKind::Cachalot
+    }
+
+    fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {
+        if size == 0 {
+            return Ok(0);
+        }
+        if size > MAX_REQUEST {
+            return Err(Error::TooLarge {
+                requested: size,
+                limit: MAX_REQUEST,
+            });
+        }
+        let rounded = size.div_ceil(ROUNDING) * ROUNDING;
+        let entry = self.entry(stream)?;
+        let first = entry.lock().malloc(&self.pages, rounded, size);
+        match first {
+            Ok(ptr) => return Ok(ptr),
+            Err(e) if !e.is_out_of_memory() => return Err(e.into()),
+            Err(_) => {}
+        }
+        entry.lock().ledger.retried();
+        self.flush_all()?;
+        let second = entry.lock().malloc(&self.pages, rounded, size);
+        match second {
+            Ok(ptr) => Ok(ptr),
+            Err(BackendError::OutOfMemory { requested, .. }) => {
+                Err(self.out_of_memory(entry, size, requested))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.with_live(ptr, |st, p, id| Ok(st.free(&self.pages, p, id)?))
+    }
+
+    fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
+        self.with_live(ptr, |st, _, _| {
+            st.record_stream(ptr, stream)
+                .map_err(|reason| Error::InvalidFree { ptr, reason })
+        })
+    }
+
+    fn empty_cache(&self) -> Result<()> {
+        self.flush_all()
+    }
+
+    fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument(format!(
+                "memory fraction {fraction} is outside [0, 1]"
+            )));
+        }
+        let total = self.backend.capabilities().total_memory;
+        self.pages
+            .set_limit((fraction < 1.0).then_some((fraction * total as f64) as u64));
+        Ok(())
+    }
+
+    fn stats(&self) -> MemoryStats {
+        let mut all = MemoryStats::new(self.config.max_split_size);
+        for entry in self.streams.iter() {
+            add_stats(&mut all, &entry.lock().ledger.stats);
+        }
+        all
+    }
+
+    fn reset_peak_stats(&self) {
+        for entry in self.streams.iter() {
+            entry.lock().ledger.stats.reset_peak();
+        }
+    }
+
+    fn reset_accumulated_stats(&self) {
+        for entry in self.streams.iter() {
+            entry.lock().ledger.stats.reset_accumulated();
+        }
+    }
+
+    fn snapshot(&self) -> MemorySnapshot {
+        let device = self.backend.capabilities().device;
+        let mut segments: Vec<_> = self
+            .streams
+            .iter()
+            .flat_map(|e| e.lock().snapshot(device))
+            .collect();
+        segments.sort_by_key(|s| s.address);
+        MemorySnapshot { segments }
+    }
+
+    fn validate(&self) -> std::result::Result<(), InvariantViolation> {
+        // No new stream, and every stream locked at once (in table order; nothing
+        // else holds two), so no page is between its creation and its mapping.
+        let _frozen = self.streams.freeze();
+        let locked: Vec<_> = self.streams.iter().map(|e| (e.stream, e.lock())).collect();
+        let mut reserved = 0;
+        for (stream, st) in &locked {
+            st.validate()
+                .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
+            reserved += st.reserved();
+        }
+        crate::ensure_invariant!(
+            reserved == self.pages.held(),
+            "streams reserve {reserved} bytes but {} are held from the device",
+            self.pages.held()
+        );
+        Ok(())
+    }
+
+    fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
+        let mut slot = self.observer.lock().unwrap_or_else(|e| e.into_inner());
+        for entry in self.streams.iter() {
+            entry.lock().ledger.set_observer(observer.clone());
+        }
+        *slot = observer;
+    }
+}
+
+impl Drop for CachalotAllocator {
+    fn drop(&mut self) {
+        // Best effort: live allocations keep their memory; the rest goes back.
+        let _ = self.flush_all();
+    }
+}
+
+fn add_stat(into: &mut Stat, from: &Stat) {
+    into.current += from.current;
+    into.peak += from.peak;
+    into.allocated += from.allocated;
+    into.freed += from.freed;
+}
+
+fn add_array(into: &mut StatArray, from: &StatArray) {
+    add_stat(&mut into.all, &from.all);
+    add_stat(&mut into.small_pool, &from.small_pool);
+    add_stat(&mut into.large_pool, &from.large_pool);
+}
+
+/// Adds one stream's statistics into `into` (peaks add up: an upper bound).
+fn add_stats(into: &mut MemoryStats, from: &MemoryStats) {
+    let pairs = [
+        (&mut into.allocation, &from.allocation),
+        (&mut into.segment, &from.segment),
+        (&mut into.active, &from.active),
+        (&mut into.inactive_split, &from.inactive_split),
+        (&mut into.allocated_bytes, &from.allocated_bytes),
+        (&mut into.reserved_bytes, &from.reserved_bytes),
+        (&mut into.active_bytes, &from.active_bytes),
+        (&mut into.inactive_split_bytes, &from.inactive_split_bytes),
+        (&mut into.requested_bytes, &from.requested_bytes),
+    ];
+    for (i, f) in pairs {
+        add_array(i, f);
+    }
+    add_stat(&mut into.oversize_allocations, &from.oversize_allocations);
+    add_stat(&mut into.oversize_segments, &from.oversize_segments);
+    into.num_alloc_retries += from.num_alloc_retries;
+    into.num_ooms += from.num_ooms;
+    into.num_sync_all_streams += from.num_sync_all_streams;
+    into.num_device_alloc += from.num_device_alloc;
+    into.num_device_free += from.num_device_free;
+}

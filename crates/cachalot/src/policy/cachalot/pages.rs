@@ -1,0 +1,144 @@
+//! The device side shared by all streams: physical pages and segments obtained
+//! from the backend, counted against the memory-fraction limit.
+//!
+//! Only slow paths come here (a stream needing a page or segment it does not
+//! cache), so one atomic counter is all the sharing there is.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
+
+/// See the module docs.
+pub(crate) struct Pages {
+    backend: Arc<dyn Backend>,
+    granularity: u64,
+    /// Bytes this allocator may hold (the memory fraction); `u64::MAX` = no limit.
+    limit: AtomicU64,
+    /// Bytes held now in pages and segments.
+    held: AtomicU64,
+}
+
+impl fmt::Debug for Pages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pages")
+            .field("held", &self.held())
+            .field("limit", &self.limit())
+            .finish()
+    }
+}
+
+impl Pages {
+    /// Pages of the backend's granularity.
+    pub(crate) fn new(backend: Arc<dyn Backend>) -> Pages {
+        let granularity = backend.capabilities().granularity;
+        Pages {
+            backend,
+            granularity,
+            limit: AtomicU64::new(u64::MAX),
+            held: AtomicU64::new(0),
+        }
+    }
+
+    /// The backend.
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The page size (0 without virtual memory).
+    pub(crate) fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// Sets the byte limit (`None` = none).
+    pub(crate) fn set_limit(&self, limit: Option<u64>) {
+        self.limit
+            .store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// The byte limit, if any.
+    pub(crate) fn limit(&self) -> Option<u64> {
+        Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != u64::MAX)
+    }
+
+    /// Bytes held in pages and segments.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Counts `bytes` against the limit, or fails with out-of-memory.
+    fn charge(&self, call: CallKind, bytes: u64) -> BackendResult<()> {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let fits = |held: u64| held.checked_add(bytes).filter(|h| *h <= limit);
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+            .map(|_| ())
+            .map_err(|_| BackendError::OutOfMemory {
+                call,
+                requested: bytes,
+            })
+    }
+
+    fn refund(&self, bytes: u64) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Creates one page.
+    pub(crate) fn create_page(&self) -> BackendResult<PageHandle> {
+        self.charge(CallKind::CreatePage, self.granularity)?;
+        self.backend
+            .create_page(self.granularity)
+            .inspect_err(|_| self.refund(self.granularity))
+    }
+
+    /// Releases one unmapped page.
+    pub(crate) fn release_page(&self, page: PageHandle) -> BackendResult<()> {
+        self.backend.release_page(page)?;
+        self.refund(self.granularity);
+        Ok(())
+    }
+
+    /// Allocates a segment.
+    pub(crate) fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+        self.charge(CallKind::SegmentAlloc, size)?;
+        self.backend
+            .allocate_segment(size)
+            .inspect_err(|_| self.refund(size))
+    }
+
+    /// Frees a segment of `size` bytes.
+    pub(crate) fn free_segment(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
+        self.backend.free_segment(base)?;
+        self.refund(size);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::SimBackend;
+
+    #[test]
+    fn the_limit_is_enforced_and_refunded() {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let pages = Pages::new(sim.clone());
+        pages.set_limit(Some(4 << 20));
+        let a = pages.create_page().unwrap();
+        let b = pages.create_page().unwrap();
+        assert!(pages.create_page().unwrap_err().is_out_of_memory());
+        assert_eq!(
+            sim.counters().count(CallKind::CreatePage),
+            2,
+            "the limit answers without a call"
+        );
+        pages.release_page(a).unwrap();
+        assert_eq!(pages.held(), 2 << 20);
+        pages.release_page(b).unwrap();
+        pages.set_limit(None);
+        let s = pages.allocate_segment(8 << 20).unwrap();
+        pages.free_segment(s, 8 << 20).unwrap();
+        assert_eq!((pages.held(), sim.live_objects()), (0, 0));
+    }
+}

@@ -1,0 +1,345 @@
+//! One pool (small or large) of one stream: its block heap and, with virtual
+//! memory, its reserved range and page slots; without, its device segments.
+//!
+//! Placement is mapping-aware best fit: the smallest free block whose pages are
+//! already mapped wins, so the common case is a free-list hit with no driver
+//! call; only when none fits does it pick the block needing the fewest new pages.
+
+use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+
+use super::heap::{BlockId, Heap, State};
+use super::ledger::Ledger;
+use super::pages::Pages;
+use super::slots::Slots;
+
+/// Requests of at most this many bytes go to the small pool.
+pub(crate) const SMALL_MAX: u64 = 1 << 20;
+
+/// Every block size is a multiple of this.
+pub(crate) const ROUNDING: u64 = 512;
+
+/// Segment size of the small pool without virtual memory; large segments are
+/// the request rounded up to this.
+const SEGMENT_ROUNDING: u64 = 2 << 20;
+
+/// How many free blocks beyond the best fit placement looks at for one whose
+/// pages are already mapped.
+const SCAN: usize = 16;
+
+/// Where an allocation goes.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct Placement {
+    /// The free block it is carved from.
+    pub(crate) id: BlockId,
+    /// Its address.
+    pub(crate) at: u64,
+    /// Pages still to map under it.
+    pub(crate) unmapped: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    /// Whether this is the small pool.
+    pub(crate) small: bool,
+    /// Its blocks.
+    pub(crate) heap: Heap,
+    /// Page slots of the reserved range (virtual memory only, once reserved).
+    pub(crate) slots: Option<Slots>,
+    range: Option<(u64, u64)>,
+}
+
+impl Pool {
+    /// An empty pool.
+    pub(crate) fn new(small: bool) -> Pool {
+        Pool {
+            small,
+            heap: Heap::default(),
+            slots: None,
+            range: None,
+        }
+    }
+
+    /// The reserved range (base, size), if any.
+    pub(crate) fn range(&self) -> Option<(u64, u64)> {
+        self.range
+    }
+
+    /// Reserves the virtual range on first use.
+    pub(crate) fn ensure_range(&mut self, pages: &Pages, size: u64) -> BackendResult<()> {
+        if self.range.is_some() {
+            return Ok(());
+        }
+        let base = pages.backend().reserve_range(size)?;
+        self.heap.add_region(base, size);
+        self.slots = Some(Slots::new(base, pages.granularity()));
+        self.range = Some((base, size));
+        Ok(())
+    }
+
+    /// Gives the range back once nothing is mapped or live in it.
+    pub(crate) fn release_range_if_empty(&mut self, pages: &Pages) -> BackendResult<()> {
+        let Some((base, size)) = self.range else {
+            return Ok(());
+        };
+        let mapped = self.slots.as_ref().map_or(0, Slots::mapped);
+        if mapped > 0 || self.heap.live_count() > 0 {
+            return Ok(());
+        }
+        pages.backend().release_range(base, size)?;
+        *self = Pool::new(self.small);
+        Ok(())
+    }
+
+    /// Chooses where `size` bytes go, or `None` when no free block is that large.
+    pub(crate) fn place(&self, size: u64) -> Option<Placement> {
+        let Some(slots) = &self.slots else {
+            let (id, b) = self.heap.fits(size).next()?;
+            return Some(Placement {
+                id,
+                at: b.addr,
+                unmapped: 0,
+            });
+        };
+        let mut best: Option<Placement> = None;
+        for (k, (id, b)) in self.heap.fits(size).enumerate() {
+            if k >= SCAN && best.is_some() {
+                break;
+            }
+            for at in [b.addr, b.end() - size] {
+                let unmapped = slots.unmapped_in(slots.span(at, size));
+                if best.is_none_or(|p| unmapped < p.unmapped) {
+                    best = Some(Placement { id, at, unmapped });
+                }
+                if unmapped == 0 {
+                    break;
+                }
+            }
+            if best.is_some_and(|p| p.unmapped == 0) {
+                break;
+            }
+        }
+        best
+    }
+
+    /// Without virtual memory: adds a device segment that fits `size` bytes.
+    pub(crate) fn grow(
+        &mut self,
+        pages: &Pages,
+        ledger: &mut Ledger,
+        size: u64,
+    ) -> BackendResult<()> {
+        let bytes = if self.small {
+            SEGMENT_ROUNDING
+        } else {
+            size.div_ceil(SEGMENT_ROUNDING) * SEGMENT_ROUNDING
+        };
+        let base = pages.allocate_segment(bytes)?;
+        let before = self.heap.split_free();
+        self.heap.add_region(base, bytes);
+        ledger.segment_allocated(self.small, base, bytes);
+        ledger.splits_changed(self.small, before, self.heap.split_free());
+        Ok(())
+    }
+
+    /// Maps `page` at `slot`; the caller keeps the page on failure.
+    pub(crate) fn map_slot(
+        &mut self,
+        pages: &Pages,
+        ledger: &mut Ledger,
+        slot: u32,
+        page: PageHandle,
+    ) -> BackendResult<()> {
+        let slots = self.slots.as_mut().ok_or(BackendError::Unsupported {
+            call: CallKind::Map,
+            backend: "segments",
+        })?;
+        let addr = slots.addr(slot);
+        pages.backend().map(addr, page)?;
+        let runs = slots.runs();
+        slots.install(slot, page);
+        ledger.mapped(
+            self.small,
+            addr,
+            slots.granularity(),
+            slots.runs() as i64 - runs as i64,
+        );
+        Ok(())
+    }
+
+    /// Unmaps the page of an unused `slot` and returns it.
+    pub(crate) fn unmap_slot(
+        &mut self,
+        pages: &Pages,
+        ledger: &mut Ledger,
+        slot: u32,
+    ) -> BackendResult<PageHandle> {
+        let slots = self.slots.as_mut().ok_or(BackendError::Unsupported {
+            call: CallKind::Unmap,
+            backend: "segments",
+        })?;
+        let (addr, g) = (slots.addr(slot), slots.granularity());
+        pages.backend().unmap(addr, g)?;
+        let runs = slots.runs();
+        let page = slots
+            .uninstall(slot)
+            .ok_or_else(|| BackendError::InvalidArgument {
+                call: CallKind::Unmap,
+                reason: format!("slot at {addr:#x} was not an unused mapped page"),
+            })?;
+        ledger.unmapped(self.small, addr, g, slots.runs() as i64 - runs as i64);
+        Ok(page)
+    }
+
+    /// Bytes mapped but unused (virtual memory) or in idle segments.
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        match &self.slots {
+            Some(s) => s.cached() * s.granularity(),
+            None => self.heap.idle_regions().iter().map(|(_, size)| size).sum(),
+        }
+    }
+
+    /// Gives cached memory back to the device, coldest first, until at most
+    /// `keep` bytes stay cached.
+    pub(crate) fn release_cached(
+        &mut self,
+        pages: &Pages,
+        ledger: &mut Ledger,
+        keep: u64,
+    ) -> BackendResult<()> {
+        if self.slots.is_none() {
+            for (base, size) in self.heap.idle_regions() {
+                let before = self.heap.split_free();
+                self.heap.remove_region(base);
+                pages
+                    .free_segment(base, size)
+                    .inspect_err(|_| self.heap.add_region(base, size))?;
+                ledger.segment_freed(self.small, base, size);
+                ledger.splits_changed(self.small, before, self.heap.split_free());
+            }
+            return Ok(());
+        }
+        let cold = self
+            .slots
+            .as_ref()
+            .map(Slots::cached_slots)
+            .unwrap_or_default();
+        for slot in cold {
+            if self.cached_bytes() <= keep {
+                break;
+            }
+            let page = self.unmap_slot(pages, ledger, slot)?;
+            pages.release_page(page)?;
+        }
+        Ok(())
+    }
+
+    /// Reserved bytes and segment count, recounted from the pool's state.
+    pub(crate) fn recount_reserved(&self) -> (u64, u64) {
+        match &self.slots {
+            Some(s) => (s.mapped() * s.granularity(), s.runs()),
+            None => (
+                self.heap.regions().map(|r| r.size).sum(),
+                self.heap.regions().count() as u64,
+            ),
+        }
+    }
+
+    /// The pool as snapshot segments: one per mapped run or device segment.
+    pub(crate) fn snapshot(
+        &self,
+        device: usize,
+        stream: crate::backend::StreamId,
+    ) -> Vec<SegmentInfo> {
+        let spans: Vec<(u64, u64)> = match &self.slots {
+            Some(s) => s.mapped_runs(),
+            None => self.heap.regions().map(|r| (r.base, r.size)).collect(),
+        };
+        let blocks: Vec<_> = self
+            .heap
+            .regions()
+            .flat_map(|r| self.heap.blocks_of(r))
+            .map(|(_, b)| b)
+            .collect();
+        let mut out = Vec::with_capacity(spans.len());
+        for (base, size) in spans {
+            let clipped = blocks
+                .iter()
+                .filter(|b| b.addr < base + size && b.end() > base)
+                .map(|b| {
+                    let (start, end) = (b.addr.max(base), b.end().min(base + size));
+                    let state = match b.state {
+                        State::Free => BlockState::Inactive,
+                        State::Allocated => BlockState::ActiveAllocated,
+                        State::PendingFree => BlockState::ActivePendingFree,
+                    };
+                    BlockInfo {
+                        address: start,
+                        size: end - start,
+                        requested_size: b.requested,
+                        state,
+                    }
+                });
+            out.push(SegmentInfo {
+                device,
+                address: base,
+                total_size: size,
+                stream,
+                is_small: self.small,
+                is_expandable: self.slots.is_some(),
+                blocks: clipped.collect(),
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const G: u64 = 2 << 20;
+
+    #[test]
+    fn placement_prefers_mapped_pages() {
+        let mut pool = Pool::new(false);
+        let base = 1 << 40;
+        pool.heap.add_region(base, 64 * G);
+        let mut slots = Slots::new(base, G);
+        let (id, _) = pool.heap.fits(G).next().unwrap();
+        // Two blocks of 4 MiB, one 8 MiB: free the second 4 MiB only after mapping it.
+        let a = pool.heap.carve(id, base, 4 * G, 1);
+        slots.install(0, PageHandle(1));
+        slots.install(1, PageHandle(2));
+        pool.heap.release(a);
+        pool.slots = Some(slots);
+        let p = pool.place(G).unwrap();
+        assert_eq!((p.at, p.unmapped), (base, 0));
+        let p = pool.place(3 * G).unwrap();
+        assert_eq!(p.unmapped, 1, "one page short of the two mapped ones");
+    }
+
+    #[test]
+    fn segments_grow_and_go_back() {
+        let sim = Arc::new(crate::backend::sim::SimBackend::with_options(
+            1 << 30,
+            false,
+        ));
+        let pages = Pages::new(sim.clone());
+        let mut ledger = Ledger::new(
+            crate::MemoryStats::new(None),
+            crate::StreamId(0),
+            std::time::Instant::now(),
+        );
+        let mut pool = Pool::new(false);
+        assert!(pool.place(5 << 20).is_none());
+        pool.grow(&pages, &mut ledger, 5 << 20).unwrap();
+        assert_eq!(pool.recount_reserved(), (6 << 20, 1));
+        assert_eq!(pool.cached_bytes(), 6 << 20);
+        pool.release_cached(&pages, &mut ledger, 0).unwrap();
+        assert_eq!((pool.recount_reserved(), sim.live_objects()), ((0, 0), 0));
+        assert_eq!(ledger.stats.reserved_bytes.all.current, 0);
+    }
+}

@@ -1,0 +1,482 @@
+//! One stream's state: its small and large pools, statistics, blocks waiting
+//! for other streams, and the page budget that decides between creating a page
+//! and re-mapping a cached one.
+//!
+//! Everything here runs under the stream's own lock; the only shared thing it
+//! touches is [`Pages`], and only when a page or segment must come from (or go
+//! back to) the device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::backend::{
+    Backend, BackendError, BackendResult, CallKind, EventId, PageHandle, StreamId,
+};
+use crate::error::FreeError;
+use crate::snapshot::SegmentInfo;
+
+use super::directory::RangeTable;
+use super::heap::{BlockId, State};
+use super::ledger::Ledger;
+use super::pages::Pages;
+use super::pool::{Pool, SMALL_MAX};
+
+/// Without virtual memory, how far (a fraction) reserved bytes may exceed the
+/// peak of active bytes before idle segments are freed ahead of a new one.
+const SEGMENT_SLACK: f64 = 0.05;
+
+/// A freed block waiting for events on the streams recorded on it.
+#[derive(Debug)]
+struct Pending {
+    pool: usize,
+    id: BlockId,
+    events: Vec<EventId>,
+}
+
+/// Settings a stream needs.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct StreamConfig {
+    /// `cachalot_reuse_slack`.
+    pub(crate) slack: f64,
+    /// `cachalot_release_threshold`.
+    pub(crate) threshold: Option<u64>,
+    /// Bytes of address space reserved per pool (virtual memory only).
+    pub(crate) range_size: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct StreamState {
+    stream: StreamId,
+    pools: [Pool; 2],
+    /// Statistics and events.
+    pub(crate) ledger: Ledger,
+    recorded: HashMap<u64, Vec<StreamId>>,
+    pending: Vec<Pending>,
+    spare_events: Vec<EventId>,
+    /// The most pages this stream ever had in use at once.
+    peak_in_use: u64,
+    config: StreamConfig,
+    ranges: Arc<RangeTable>,
+}
+
+fn all_done(backend: &dyn Backend, events: &[EventId]) -> BackendResult<bool> {
+    for e in events {
+        if !backend.query_event(*e)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn pool_of(size: u64) -> usize {
+    usize::from(size > SMALL_MAX)
+}
+
+impl StreamState {
+    /// An empty stream.
+    pub(crate) fn new(
+        stream: StreamId,
+        ledger: Ledger,
+        config: StreamConfig,
+        ranges: Arc<RangeTable>,
+    ) -> StreamState {
+        StreamState {
+            stream,
+            pools: [Pool::new(true), Pool::new(false)],
+            ledger,
+            recorded: HashMap::new(),
+            pending: Vec::new(),
+            spare_events: Vec::new(),
+            peak_in_use: 0,
+            config,
+            ranges,
+        }
+    }
+
+    /// Allocates a block of `size` (rounded) bytes for `requested`.
+    pub(crate) fn malloc(
+        &mut self,
+        pages: &Pages,
+        size: u64,
+        requested: u64,
+    ) -> BackendResult<u64> {
+        self.process_events(pages)?;
+        let p = pool_of(size);
+        if pages.granularity() > 0 {
+            self.malloc_mapped(pages, p, size, requested)
+        } else {
+            self.malloc_segmented(pages, p, size, requested)
+        }
+    }
+
+    fn malloc_mapped(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        size: u64,
+        requested: u64,
+    ) -> BackendResult<u64> {
+        if self.pools[p].range().is_none() {
+            self.pools[p].ensure_range(pages, self.config.range_size)?;
+            self.ranges.publish(p, self.pools[p].range());
+        }
+        let none = BackendError::OutOfMemory {
+            call: CallKind::ReserveRange,
+            requested: size,
+        };
+        let place = self.pools[p].place(size).ok_or(none)?;
+        let slots = self.pools[p]
+            .slots
+            .as_mut()
+            .expect("ensure_range made the slots");
+        let span = slots.span(place.at, size);
+        slots.acquire(span.clone());
+        self.peak_in_use = self.peak_in_use.max(self.in_use());
+        if place.unmapped > 0 {
+            if let Err(e) = self.map_span(pages, p, span.clone()) {
+                self.pools[p]
+                    .slots
+                    .as_mut()
+                    .expect("checked above")
+                    .release(span);
+                return Err(e);
+            }
+        }
+        self.pools[p]
+            .heap
+            .carve(place.id, place.at, size, requested);
+        self.ledger.allocated(p == 0, place.at, size, requested);
+        Ok(place.at)
+    }
+
+    fn malloc_segmented(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        size: u64,
+        requested: u64,
+    ) -> BackendResult<u64> {
+        let place = match self.pools[p].place(size) {
+            Some(place) => place,
+            None => {
+                if self.over_budget(size) {
+                    self.release_cached(pages, 0)?;
+                }
+                if let Err(e) = self.pools[p].grow(pages, &mut self.ledger, size) {
+                    if !e.is_out_of_memory() {
+                        return Err(e);
+                    }
+                    self.release_cached(pages, 0)?;
+                    self.pools[p].grow(pages, &mut self.ledger, size)?;
+                }
+                let none = BackendError::OutOfMemory {
+                    call: CallKind::SegmentAlloc,
+                    requested: size,
+                };
+                self.pools[p].place(size).ok_or(none)?
+            }
+        };
+        let pool = &mut self.pools[p];
+        let before = pool.heap.split_free();
+        pool.heap.carve(place.id, place.at, size, requested);
+        self.ledger
+            .splits_changed(p == 0, before, pool.heap.split_free());
+        self.ledger.allocated(p == 0, place.at, size, requested);
+        Ok(place.at)
+    }
+
+    /// Without virtual memory: whether growing by `size` bytes would take the
+    /// reserved bytes past the budget over the peak of active bytes, so idle
+    /// segments (which cannot fit the request) should go back first.
+    fn over_budget(&self, size: u64) -> bool {
+        let s = &self.ledger.stats;
+        let active = (s.active_bytes.all.current as u64 + size).max(s.active_bytes.all.peak as u64);
+        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + SEGMENT_SLACK) * active as f64
+    }
+
+    fn in_use(&self) -> u64 {
+        self.pools
+            .iter()
+            .filter_map(|p| p.slots.as_ref())
+            .map(|s| s.in_use())
+            .sum()
+    }
+
+    fn mapped(&self) -> u64 {
+        self.pools
+            .iter()
+            .filter_map(|p| p.slots.as_ref())
+            .map(|s| s.mapped())
+            .sum()
+    }
+
+    /// Maps a page under every unmapped slot of `span` (whose users are taken).
+    fn map_span(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        span: std::ops::Range<u32>,
+    ) -> BackendResult<()> {
+        for slot in span.clone() {
+            let slots = self.pools[p]
+                .slots
+                .as_ref()
+                .expect("mapped pools have slots");
+            if slots.is_mapped(slot) {
+                continue;
+            }
+            let page = self.obtain_page(pages, p, &span)?;
+            if let Err(e) = self.pools[p].map_slot(pages, &mut self.ledger, slot, page) {
+                // The page is ours and unmapped; a failed release leaves nothing
+                // better to do than report the map's error.
+                let _ = pages.release_page(page);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A page to map: a cached one re-mapped when this stream already holds its
+    /// budget (or the device is full), else a new one.
+    fn obtain_page(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        keep: &std::ops::Range<u32>,
+    ) -> BackendResult<PageHandle> {
+        let budget = ((1.0 + self.config.slack) * self.peak_in_use as f64).ceil() as u64;
+        if self.mapped() >= budget {
+            if let Some(page) = self.steal(pages, p, keep)? {
+                return Ok(page);
+            }
+        }
+        match pages.create_page() {
+            Err(e) if e.is_out_of_memory() => self.steal(pages, p, keep)?.ok_or(e),
+            other => other,
+        }
+    }
+
+    /// Unmaps the coldest cached page of this stream outside `keep`.
+    fn steal(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        keep: &std::ops::Range<u32>,
+    ) -> BackendResult<Option<PageHandle>> {
+        for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
+            let slot = self.pools[q].slots.as_mut().and_then(|s| s.coldest(&keep));
+            if let Some(slot) = slot {
+                return self.pools[q]
+                    .unmap_slot(pages, &mut self.ledger, slot)
+                    .map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The pool and block of the live allocation at `ptr`.
+    pub(crate) fn find(&self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
+        // With ranges, the large pool's holds the pointer or the small pool is next.
+        let large_first = self.pools[1]
+            .range()
+            .is_some_and(|(b, n)| b <= ptr && ptr < b + n);
+        let order = if large_first { [1, 0] } else { [0, 1] };
+        for (p, pool) in order.map(|p| (p, &self.pools[p])) {
+            if let Some(id) = pool.heap.live(ptr) {
+                return match pool.heap.block(id).state {
+                    State::Allocated => Ok((p, id)),
+                    _ => Err(FreeError::DoubleFree),
+                };
+            }
+        }
+        let ours = self.pools.iter().any(|p| {
+            p.heap
+                .regions()
+                .any(|r| r.base <= ptr && ptr < r.base + r.size)
+        });
+        Err(if ours {
+            FreeError::DoubleFree
+        } else {
+            FreeError::Foreign
+        })
+    }
+
+    /// Frees the allocation `(p, id)` found by [`StreamState::find`].
+    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+        let b = self.pools[p].heap.block(id);
+        let (addr, size, requested) = (b.addr, b.size, b.requested);
+        self.ledger.free_requested(p == 0, addr, size, requested);
+        let recorded = if self.recorded.is_empty() {
+            None
+        } else {
+            self.recorded.remove(&addr)
+        };
+        let Some(streams) = recorded else {
+            return self.complete(pages, p, id);
+        };
+        self.pools[p].heap.set_pending(id);
+        let backend = pages.backend().as_ref();
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            match self.record_on(backend, s) {
+                Ok(e) => events.push(e),
+                Err(err) => {
+                    // Without an event, wait for the stream now instead.
+                    self.pending.push(Pending {
+                        pool: p,
+                        id,
+                        events,
+                    });
+                    return backend.synchronize_stream(s).or(Err(err));
+                }
+            }
+        }
+        self.pending.push(Pending {
+            pool: p,
+            id,
+            events,
+        });
+        Ok(())
+    }
+
+    fn record_on(&mut self, backend: &dyn Backend, stream: StreamId) -> BackendResult<EventId> {
+        let event = match self.spare_events.pop() {
+            Some(e) => e,
+            None => backend.create_event()?,
+        };
+        backend
+            .record_event(event, stream)
+            .inspect_err(|_| self.spare_events.push(event))?;
+        Ok(event)
+    }
+
+    /// Makes a freed block reusable.
+    fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+        let pool = &mut self.pools[p];
+        let b = pool.heap.block(id);
+        let (addr, size, requested) = (b.addr, b.size, b.requested);
+        self.ledger.free_completed(p == 0, addr, size, requested);
+        if let Some(slots) = pool.slots.as_mut() {
+            slots.release(slots.span(addr, size));
+        }
+        let before = pool.heap.split_free();
+        pool.heap.release(id);
+        if pool.slots.is_none() {
+            self.ledger
+                .splits_changed(p == 0, before, pool.heap.split_free());
+        }
+        match self.config.threshold {
+            Some(keep) if self.pools[p].cached_bytes() > keep => {
+                self.pools[p].release_cached(pages, &mut self.ledger, keep)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Marks the allocation at `ptr` as used by `stream` too.
+    pub(crate) fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), FreeError> {
+        self.find(ptr)?;
+        if stream != self.stream {
+            let list = self.recorded.entry(ptr).or_default();
+            if !list.contains(&stream) {
+                list.push(stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the frees whose events have all passed.
+    fn process_events(&mut self, pages: &Pages) -> BackendResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            if !all_done(pages.backend().as_ref(), &self.pending[i].events)? {
+                i += 1;
+                continue;
+            }
+            let done = self.pending.swap_remove(i);
+            self.spare_events.extend(done.events);
+            self.complete(pages, done.pool, done.id)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every pending free and completes it.
+    fn sync_pending(&mut self, pages: &Pages) -> BackendResult<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        for p in &self.pending {
+            for e in &p.events {
+                pages.backend().synchronize_event(*e)?;
+            }
+        }
+        self.ledger.synced_all();
+        let mut result = Ok(());
+        for done in std::mem::take(&mut self.pending) {
+            self.spare_events.extend(done.events);
+            result = result.and(self.complete(pages, done.pool, done.id));
+        }
+        result
+    }
+
+    /// Gives back cached memory down to `keep` bytes per pool.
+    fn release_cached(&mut self, pages: &Pages, keep: u64) -> BackendResult<()> {
+        for p in 0..2 {
+            self.pools[p].release_cached(pages, &mut self.ledger, keep)?;
+        }
+        Ok(())
+    }
+
+    /// Returns every cached page, segment, range and spare event to the device.
+    pub(crate) fn empty_cache(&mut self, pages: &Pages) -> BackendResult<()> {
+        self.sync_pending(pages)?;
+        self.release_cached(pages, 0)?;
+        for p in 0..2 {
+            self.pools[p].release_range_if_empty(pages)?;
+            self.ranges.publish(p, self.pools[p].range());
+        }
+        while let Some(e) = self.spare_events.pop() {
+            pages
+                .backend()
+                .destroy_event(e)
+                .inspect_err(|_| self.spare_events.push(e))?;
+        }
+        Ok(())
+    }
+
+    /// The stream's segments.
+    pub(crate) fn snapshot(&self, device: usize) -> Vec<SegmentInfo> {
+        self.pools
+            .iter()
+            .flat_map(|p| p.snapshot(device, self.stream))
+            .collect()
+    }
+
+    /// Bytes held in pages and segments by this stream.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.pools.iter().map(|p| p.recount_reserved().0).sum()
+    }
+
+    /// Checks this stream's invariants.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let mut pending_blocks = 0;
+        for (p, pool) in self.pools.iter().enumerate() {
+            pending_blocks += super::audit::audit_pool(pool, &self.ledger.stats, p == 0)?;
+        }
+        if pending_blocks != self.pending.len() {
+            return Err(format!(
+                "{pending_blocks} pending blocks but {} pending frees",
+                self.pending.len()
+            ));
+        }
+        for ptr in self.recorded.keys() {
+            self.find(*ptr)
+                .map_err(|e| format!("record_stream entry {ptr:#x}: {e}"))?;
+        }
+        super::audit::audit_totals(&self.ledger.stats)
+    }
+}

@@ -1,0 +1,417 @@
+//! The cachalot policy end to end on the simulated device: a seeded randomized
+//! test against a simple model with `validate()` after every step, fault
+//! injection, out-of-memory, cross-stream frees and a multi-threaded stress test.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use cachalot::backend::sim::{Fault, SimBackend};
+use cachalot::backend::CallKind;
+use cachalot::policy::cachalot::CachalotAllocator;
+use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
+
+const MIB: u64 = 1 << 20;
+
+/// xorshift64*: a seeded generator with no dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn size(&mut self) -> u64 {
+        match self.below(10) {
+            0..=5 => 1 + self.below(MIB),
+            6..=8 => MIB + self.below(24 * MIB),
+            _ => 1 + self.below(80 * MIB),
+        }
+    }
+}
+
+fn allocator(sim: &Arc<SimBackend>, conf: &str) -> CachalotAllocator {
+    CachalotAllocator::new(sim.clone(), AllocatorConfig::parse(conf).expect("valid"))
+        .expect("allocator")
+}
+
+/// Live allocations: address -> (requested, rounded size).
+type Model = BTreeMap<u64, (u64, u64)>;
+
+fn check_model(alloc: &CachalotAllocator, model: &Model) {
+    alloc.validate().expect("invariants hold");
+    let mut end = 0;
+    for (addr, (_, size)) in model {
+        assert!(*addr >= end, "allocations overlap at {addr:#x}");
+        end = addr + size;
+    }
+    let allocated: u64 = model.values().map(|(_, s)| s).sum();
+    assert_eq!(alloc.stats().allocated_bytes.all.current as u64, allocated);
+}
+
+fn inject(sim: &SimBackend, rng: &mut Rng) {
+    let kinds = [
+        CallKind::Map,
+        CallKind::CreatePage,
+        CallKind::Unmap,
+        CallKind::SegmentAlloc,
+        CallKind::CreateEvent,
+    ];
+    let kind = kinds[rng.below(kinds.len() as u64) as usize];
+    let fault = if rng.below(2) == 0 {
+        Fault::DeviceError
+    } else {
+        Fault::OutOfMemory
+    };
+    sim.fail_nth(kind, 1 + rng.below(3), fault);
+}
+
+fn randomized(seed: u64, virtual_memory: bool, conf: &str) {
+    let sim = Arc::new(SimBackend::with_options(512 * MIB, virtual_memory));
+    sim.set_manual_events(true);
+    let alloc = allocator(&sim, conf);
+    let mut rng = Rng(seed | 1);
+    let mut model = Model::new();
+    for _ in 0..2500 {
+        let stream = StreamId(rng.below(3));
+        match rng.below(100) {
+            0..=44 => {
+                let size = rng.size();
+                match alloc.malloc(size, stream) {
+                    Ok(ptr) => {
+                        assert_eq!(ptr % 512, 0);
+                        model.insert(ptr, (size, size.div_ceil(512) * 512));
+                    }
+                    Err(Error::OutOfMemory(report)) => assert!(report.requested == size),
+                    Err(Error::Backend(_)) => {}
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            45..=84 if !model.is_empty() => {
+                let addr = *model
+                    .keys()
+                    .nth(rng.below(model.len() as u64) as usize)
+                    .expect("non-empty");
+                // A failed event record falls back to a stream sync; either way the free happened.
+                let _ = alloc.free(addr);
+                model.remove(&addr);
+                assert!(
+                    matches!(alloc.free(addr), Err(Error::InvalidFree { .. })),
+                    "double free refused"
+                );
+            }
+            85..=90 if !model.is_empty() => {
+                let addr = *model
+                    .keys()
+                    .nth(rng.below(model.len() as u64) as usize)
+                    .expect("non-empty");
+                alloc
+                    .record_stream(addr, StreamId(10 + rng.below(2)))
+                    .expect("live allocation");
+            }
+            91..=94 => sim.complete_stream(StreamId(10 + rng.below(2))),
+            95..=96 => {
+                let _ = alloc.empty_cache();
+            }
+            _ => inject(&sim, &mut rng),
+        }
+        check_model(&alloc, &model);
+    }
+    sim.complete_all();
+    for addr in std::mem::take(&mut model).into_keys() {
+        let _ = alloc.free(addr);
+    }
+    // Faults may still be armed: flush until the device is empty.
+    for _ in 0..8 {
+        if alloc.empty_cache().is_ok() && sim.live_objects() == 0 {
+            break;
+        }
+    }
+    check_model(&alloc, &model);
+    assert_eq!(sim.live_objects(), 0, "nothing leaked");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+}
+
+#[test]
+fn randomized_with_virtual_memory() {
+    for seed in [1, 2, 3] {
+        randomized(seed, true, "policy:cachalot");
+    }
+    randomized(
+        4,
+        true,
+        "policy:cachalot,cachalot_reuse_slack:0,cachalot_release_threshold_mb:8",
+    );
+}
+
+#[test]
+fn randomized_with_segments() {
+    for seed in [5, 6] {
+        randomized(seed, false, "policy:cachalot");
+    }
+}
+
+#[test]
+fn zero_and_absurd_sizes_and_foreign_frees() {
+    let sim = Arc::new(SimBackend::new(64 * MIB));
+    let alloc = allocator(&sim, "");
+    assert_eq!(alloc.malloc(0, StreamId(0)).unwrap(), 0);
+    alloc.free(0).unwrap();
+    assert!(matches!(
+        alloc.malloc(u64::MAX, StreamId(0)),
+        Err(Error::TooLarge { .. })
+    ));
+    assert!(matches!(alloc.free(12345), Err(Error::InvalidFree { .. })));
+    assert!(matches!(
+        alloc.record_stream(12345, StreamId(1)),
+        Err(Error::InvalidFree { .. })
+    ));
+    assert!(alloc.set_memory_fraction(1.5).is_err());
+    alloc.validate().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn freed_blocks_wait_for_recorded_streams() {
+    let sim = Arc::new(SimBackend::new(64 * MIB));
+    sim.set_manual_events(true);
+    let alloc = allocator(&sim, "");
+    let a = alloc.malloc(4096, StreamId(0)).unwrap();
+    alloc.record_stream(a, StreamId(7)).unwrap();
+    alloc.free(a).unwrap();
+    let s = alloc.stats();
+    assert_eq!(
+        (s.allocated_bytes.all.current, s.active_bytes.all.current),
+        (0, 4096)
+    );
+    let b = alloc.malloc(4096, StreamId(0)).unwrap();
+    assert_ne!(a, b, "the block still pending on stream 7 is not reused");
+    sim.complete_stream(StreamId(7));
+    alloc.free(b).unwrap();
+    let c = alloc.malloc(4096, StreamId(0)).unwrap();
+    assert_eq!(
+        alloc.stats().active_bytes.all.current,
+        4096,
+        "the pending free completed"
+    );
+    alloc.free(c).unwrap();
+    alloc.validate().unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn steady_reuse_makes_no_driver_calls() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, "");
+    let sizes = [3 * MIB, 512, 40 * MIB, 70_000, 9 * MIB];
+    let round = || {
+        let ptrs: Vec<u64> = sizes
+            .iter()
+            .map(|s| alloc.malloc(*s, StreamId(0)).unwrap())
+            .collect();
+        ptrs.into_iter().for_each(|p| alloc.free(p).unwrap());
+    };
+    round();
+    let calls = sim.counters().memory_calls();
+    for _ in 0..10 {
+        round();
+    }
+    assert_eq!(sim.counters().memory_calls(), calls);
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn out_of_memory_flushes_other_streams_then_reports() {
+    let sim = Arc::new(SimBackend::new(64 * MIB));
+    let alloc = allocator(&sim, "");
+    let a = alloc.malloc(40 * MIB, StreamId(1)).unwrap();
+    alloc.free(a).unwrap();
+    assert_eq!(alloc.memory_reserved(), 40 * MIB, "cached on stream 1");
+    let b = alloc
+        .malloc(40 * MIB, StreamId(2))
+        .expect("stream 1's cache is flushed for it");
+    assert_eq!(alloc.stats().num_alloc_retries, 1);
+    let err = alloc.malloc(40 * MIB, StreamId(2)).unwrap_err();
+    let Error::OutOfMemory(report) = err else {
+        panic!("expected OOM, got {err}")
+    };
+    assert_eq!(
+        (report.requested, report.allocated, report.stream),
+        (40 * MIB, 40 * MIB, StreamId(2))
+    );
+    assert!(report.to_string().contains("CUDA out of memory"));
+    assert_eq!(alloc.stats().num_ooms, 1);
+    alloc.free(b).unwrap();
+    alloc.validate().unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn memory_fraction_limits_reserved_bytes() {
+    let sim = Arc::new(SimBackend::new(100 * MIB));
+    let alloc = allocator(&sim, "per_process_memory_fraction:0.5");
+    assert!(
+        matches!(alloc.malloc(60 * MIB, StreamId(0)), Err(Error::OutOfMemory(r)) if r.allowed == Some(50 * MIB))
+    );
+    alloc.set_memory_fraction(1.0).unwrap();
+    let a = alloc.malloc(60 * MIB, StreamId(0)).unwrap();
+    alloc.free(a).unwrap();
+    alloc.empty_cache().unwrap();
+    alloc.validate().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn faults_end_in_typed_errors_with_nothing_leaked() {
+    let cases = [
+        (CallKind::Map, Fault::DeviceError, true),
+        (CallKind::CreatePage, Fault::OutOfMemory, true),
+        (CallKind::ReserveRange, Fault::DeviceError, true),
+        (CallKind::SegmentAlloc, Fault::DeviceError, false),
+        (CallKind::SegmentAlloc, Fault::OutOfMemory, false),
+    ];
+    for (kind, fault, vm) in cases {
+        let sim = Arc::new(SimBackend::with_options(256 * MIB, vm));
+        let alloc = allocator(&sim, "");
+        let keep = alloc.malloc(4096, StreamId(0)).unwrap();
+        // Fail the call a few pages into a 20 MiB allocation (always the first
+        // call for kinds made once per allocation).
+        sim.fail_nth(kind, 3, fault);
+        sim.fail_nth(kind, 1, fault);
+        let result = alloc.malloc(20 * MIB, StreamId(0));
+        assert!(sim.counters().injected >= 1, "{kind}: the fault fired");
+        match (fault, &result) {
+            (Fault::DeviceError, Err(Error::Backend(_))) => {}
+            // Out of memory is retried after a flush, which may succeed.
+            (Fault::OutOfMemory, Err(Error::OutOfMemory(_)) | Ok(_)) => {}
+            other => panic!("{kind}: unexpected {other:?}"),
+        }
+        if let Ok(p) = result {
+            alloc.free(p).unwrap();
+        }
+        alloc.validate().unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let _ = alloc.malloc(20 * MIB, StreamId(0)).map(|p| alloc.free(p));
+        alloc.free(keep).unwrap();
+        alloc.empty_cache().unwrap();
+        alloc.validate().unwrap();
+        assert_eq!(sim.live_objects(), 0, "{kind}: leaked");
+    }
+}
+
+#[test]
+fn watermark_reached_mid_allocation_is_an_oom() {
+    let sim = Arc::new(SimBackend::new(256 * MIB));
+    let alloc = allocator(&sim, "");
+    sim.set_watermark(Some(10 * MIB));
+    let err = alloc.malloc(20 * MIB, StreamId(0)).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
+    alloc.validate().unwrap();
+    sim.set_watermark(None);
+    let a = alloc.malloc(20 * MIB, StreamId(0)).unwrap();
+    alloc.free(a).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+#[test]
+fn threads_on_their_own_streams_with_cross_frees() {
+    let sim = Arc::new(SimBackend::new(4 << 30));
+    let alloc = Arc::new(allocator(&sim, ""));
+    let handoff: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (alloc, handoff) = (alloc.clone(), handoff.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37 + t);
+                let mut live = Vec::new();
+                for i in 0..4000 {
+                    if live.len() < 32 && rng.below(2) == 0 {
+                        live.push(alloc.malloc(rng.size() / 4 + 1, StreamId(t)).expect("fits"));
+                    } else if let Some(p) = live.pop() {
+                        if i % 7 == 0 {
+                            handoff.lock().unwrap().push(p);
+                        } else {
+                            alloc.free(p).expect("live");
+                        }
+                    }
+                    if let Some(p) = (i % 5 == 0)
+                        .then(|| handoff.lock().unwrap().pop())
+                        .flatten()
+                    {
+                        alloc.free(p).expect("live, freed by another thread");
+                    }
+                    if i % 500 == 0 {
+                        alloc.validate().expect("invariants hold under concurrency");
+                    }
+                }
+                live.into_iter().for_each(|p| alloc.free(p).expect("live"));
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .for_each(|t| t.join().expect("no panic"));
+    for p in handoff.lock().unwrap().drain(..) {
+        alloc.free(p).unwrap();
+    }
+    alloc.validate().unwrap();
+    assert_eq!(alloc.stats().active.all.current, 0);
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
+
+/// Frees a hole too small for the next request: with no slack the stream
+/// re-maps the hole's pages instead of creating new ones.
+fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, conf);
+    let a = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+    let b = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+    alloc.free(a).unwrap();
+    let c = alloc.malloc(12 * MIB, StreamId(0)).unwrap();
+    alloc.validate().unwrap();
+    let out = (
+        alloc.memory_reserved(),
+        sim.counters().count(CallKind::CreatePage),
+    );
+    for p in [b, c] {
+        alloc.free(p).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+    out
+}
+
+#[test]
+fn pages_are_remapped_past_the_reuse_slack() {
+    let (tight, tight_pages) = reserved_after_a_misfit("cachalot_reuse_slack:0");
+    let (loose, loose_pages) = reserved_after_a_misfit("cachalot_reuse_slack:1");
+    assert_eq!(tight, 20 * MIB, "only the pages under b and c stay mapped");
+    assert_eq!(tight_pages, 10);
+    assert_eq!(loose, 28 * MIB, "a's pages stay cached");
+    assert_eq!(loose_pages, 14);
+}
+
+#[test]
+fn the_release_threshold_bounds_cached_pages() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, "cachalot_release_threshold_mb:4");
+    let ptrs: Vec<u64> = (0..4)
+        .map(|_| alloc.malloc(16 * MIB, StreamId(0)).unwrap())
+        .collect();
+    for p in ptrs {
+        alloc.free(p).unwrap();
+        alloc.validate().unwrap();
+        assert!(alloc.memory_reserved() - alloc.memory_allocated() <= 4 * MIB);
+    }
+    assert_eq!(alloc.memory_reserved(), 4 * MIB);
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+}
