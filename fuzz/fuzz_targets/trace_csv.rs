@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let limits = ReadLimits { max_input_bytes: 1 << 22, max_values: 1 << 20, ..ReadLimits::default() };
     if let Ok(recording) = read_recording(data, &limits) {
-        let device = RecordedDevice { capacity: H100_CAPACITY, config: AllocatorConfig::default() };
+        let device = RecordedDevice::new(H100_CAPACITY, AllocatorConfig::default());
         let _ = plan(&recording.events, &device);
     }
 });

@@ -99,10 +99,7 @@ struct Recorded {
 /// Reads `path` and replays it.
 pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
     let recorded = read(path)?;
-    let device = RecordedDevice {
-        capacity: recorded.capacity,
-        config: AllocatorConfig::parse(&recorded.conf)?,
-    };
+    let device = RecordedDevice::new(recorded.capacity, AllocatorConfig::parse(&recorded.conf)?);
     let plan = replay::plan(&recorded.recording.events, &device).map_err(ReplayError::from)?;
     let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(&recorded.conf))?;
     let sim = Arc::new(SimBackend::new(args.capacity.unwrap_or(recorded.capacity)));

@@ -35,10 +35,7 @@ fn data(name: &str) -> Vec<u8> {
 /// Reads `bytes` both ways and plans whatever reads.
 fn exercise(bytes: &[u8]) {
     if let Ok(recording) = read_recording(bytes, &limits()) {
-        let device = RecordedDevice {
-            capacity: H100_CAPACITY,
-            config: AllocatorConfig::default(),
-        };
+        let device = RecordedDevice::new(H100_CAPACITY, AllocatorConfig::default());
         let _ = plan(&recording.events, &device);
     }
     let _ = snapshot_from_slice(bytes, &limits());

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::{Serialize, Serializer};
 use thiserror::Error;
 
 pub use addresses::RecordedAddresses;
@@ -31,6 +31,7 @@ use crate::backend::{Backend, CallKind, DevicePtr};
 use crate::config::AllocatorConfig;
 use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
+use crate::stats::{MemoryStats, Stat};
 
 /// The capacity of an H100 80GB as PyTorch reports it: the default replay device.
 pub const H100_CAPACITY: u64 = 85_017_493_504;
@@ -71,7 +72,7 @@ pub enum ReplayError {
 
 /// What a replay measured. Field names are a stable interface (`cachalot replay
 /// --json`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ReplayReport {
     /// The policy replayed.
     pub policy: String,
@@ -105,8 +106,10 @@ pub struct ReplayReport {
     pub ooms: u64,
     /// Wall-clock nanoseconds per recorded event spent in the replay loop.
     pub ns_per_event: f64,
-    /// The allocator's `memory_stats()` at the end.
-    pub final_stats: BTreeMap<String, i64>,
+    /// The allocator's `memory_stats()` at the end (serialized under PyTorch's
+    /// flattened key names).
+    #[serde(serialize_with = "stats_by_key")]
+    pub final_stats: MemoryStats,
     /// The first out-of-memory error, with its breakdown (print it with
     /// [`crate::report::oom::describe`]). Not part of the JSON output.
     #[serde(skip)]
@@ -122,6 +125,10 @@ impl ReplayReport {
         }
         self.peak_reserved_bytes as f64 / self.peak_requested_bytes as f64
     }
+}
+
+fn stats_by_key<S: Serializer>(stats: &MemoryStats, out: S) -> Result<S::Ok, S::Error> {
+    stats.to_map().serialize(out)
 }
 
 /// Collects the sizes of the segments an allocator obtains, and passes every
@@ -218,7 +225,7 @@ pub fn run_observed(
     let stats = allocator.stats();
     let counters = sim.counters();
     let segment_sizes = std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
-    let peak = |key: &str| u64::try_from(stats.get(key).unwrap_or(0)).unwrap_or(0);
+    let peak = |stat: &Stat| u64::try_from(stat.peak).unwrap_or(0);
     Ok(ReplayReport {
         policy: allocator.policy().name().to_string(),
         conf: allocator.config().source.clone(),
@@ -227,9 +234,9 @@ pub fn run_observed(
         allocs: tally.allocs,
         frees: tally.frees,
         empty_caches: tally.empty_caches,
-        peak_requested_bytes: peak("requested_bytes.all.peak"),
-        peak_allocated_bytes: peak("allocated_bytes.all.peak"),
-        peak_reserved_bytes: peak("reserved_bytes.all.peak"),
+        peak_requested_bytes: peak(&stats.requested_bytes.all),
+        peak_allocated_bytes: peak(&stats.allocated_bytes.all),
+        peak_reserved_bytes: peak(&stats.reserved_bytes.all),
         segment_allocs: segment_sizes.len() as u64,
         segment_sizes,
         device_calls: CallKind::ALL
@@ -240,7 +247,7 @@ pub fn run_observed(
         driver_calls: counters.memory_calls(),
         ooms: tally.ooms,
         ns_per_event: elapsed.as_nanos() as f64 / plan.events.max(1) as f64,
-        final_stats: stats.to_map(),
+        final_stats: stats,
         first_oom: tally.first_oom,
     })
 }
@@ -296,4 +303,85 @@ fn drive(
     }
     progress(plan.ops.len());
     Ok(tally)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::StreamId;
+
+    const MIB: u64 = 1 << 20;
+
+    fn alloc(slot: u32, size: u64) -> Op {
+        Op::Alloc {
+            slot,
+            size,
+            stream: StreamId::DEFAULT,
+        }
+    }
+
+    fn plan_of(ops: Vec<Op>, slots: usize) -> Plan {
+        Plan {
+            events: ops.len(),
+            ops,
+            slots,
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn out_of_memory_skips_the_allocation_and_its_free() {
+        let ops = vec![
+            alloc(0, 64 * MIB),
+            alloc(1, 64 * MIB),
+            Op::Free { slot: 1 },
+            Op::Free { slot: 0 },
+            Op::EmptyCache,
+        ];
+        let r = replay(
+            &plan_of(ops, 2),
+            AllocatorConfig::default(),
+            100 * MIB,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!((r.allocs, r.ooms, r.frees, r.empty_caches), (1, 1, 1, 1));
+        assert_eq!(r.peak_requested_bytes, 64 * MIB);
+        assert_eq!(r.segment_sizes, [64 * MIB]);
+        assert_eq!(
+            r.final_stats.reserved_bytes.all.current, 0,
+            "empty_cache gave the segment back"
+        );
+        assert_eq!(r.device_calls.get("segment_free"), Some(&1));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["final_stats"]["num_ooms"], 1);
+    }
+
+    #[test]
+    fn a_slot_outside_the_plan_is_an_error() {
+        let bad = plan_of(vec![Op::Free { slot: 7 }], 1);
+        let err = replay(&bad, AllocatorConfig::default(), 100 * MIB, &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ReplayError::BadSlot {
+                    op: 0,
+                    slot: 7,
+                    slots: 1
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn progress_reports_the_end() {
+        let mut seen = Vec::new();
+        let p = plan_of(vec![alloc(0, 512), Op::Free { slot: 0 }], 1);
+        replay(&p, AllocatorConfig::default(), 100 * MIB, &mut |n| {
+            seen.push(n)
+        })
+        .unwrap();
+        assert_eq!(seen, [2]);
+    }
 }

@@ -89,14 +89,30 @@ pub struct RecordedDevice {
     pub capacity: u64,
     /// The allocator configuration of the recording.
     pub config: AllocatorConfig,
+    /// Known from the recording's statistics: the allocator never released memory
+    /// by itself (no retry, no out-of-memory, no oversize release or garbage
+    /// collection configured), so every release run is an `empty_cache`.
+    pub program_releases_only: bool,
 }
 
 impl RecordedDevice {
+    /// A device of `capacity` bytes recorded under `config`, with nothing more known.
+    pub fn new(capacity: u64, config: AllocatorConfig) -> RecordedDevice {
+        RecordedDevice {
+            capacity,
+            config,
+            program_releases_only: false,
+        }
+    }
+
     /// Reserved bytes above which the recorded allocator may have released cached
     /// segments by itself: the collection threshold when garbage collection was on,
     /// else the allowed memory less a sixteenth (what the driver and other
     /// processes keep).
     fn pressure_bytes(&self) -> u64 {
+        if self.program_releases_only {
+            return u64::MAX;
+        }
         let allowed = self.capacity as f64 * self.config.per_process_memory_fraction;
         let gc = self.config.garbage_collection_threshold;
         let limit = if gc > 0.0 && self.config.per_process_memory_fraction < 1.0 {
@@ -290,10 +306,7 @@ mod tests {
     }
 
     fn h100() -> RecordedDevice {
-        RecordedDevice {
-            capacity: 85_017_493_504,
-            config: AllocatorConfig::default(),
-        }
+        RecordedDevice::new(85_017_493_504, AllocatorConfig::default())
     }
 
     use Action::*;
@@ -357,6 +370,13 @@ mod tests {
         };
         let p = plan(&events, &tight).unwrap();
         assert!(!p.ops.contains(&Op::EmptyCache));
+        // ...unless the recording's statistics rule the allocator's own release out.
+        let known = RecordedDevice {
+            program_releases_only: true,
+            ..tight
+        };
+        let p = plan(&events, &known).unwrap();
+        assert_eq!(p.ops.iter().filter(|o| **o == Op::EmptyCache).count(), 1);
     }
 
     #[test]

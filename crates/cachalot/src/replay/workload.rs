@@ -64,10 +64,16 @@ impl Workload {
     /// # Errors
     /// [`ConfigError`] when the recorded configuration string does not parse.
     pub fn recorded_device(&self) -> Result<RecordedDevice, ConfigError> {
-        Ok(RecordedDevice {
-            capacity: self.recorded_capacity(),
-            config: AllocatorConfig::parse(self.recorded_conf())?,
-        })
+        let config = AllocatorConfig::parse(self.recorded_conf())?;
+        let mut device = RecordedDevice::new(self.recorded_capacity(), config);
+        if let Some(stats) = &self.stats {
+            let never = |key: &str| stats.stat(key) == Some(0);
+            let settings_release = device.config.max_split_size.is_some()
+                || device.config.garbage_collection_threshold > 0.0;
+            device.program_releases_only =
+                never("num_alloc_retries") && never("num_ooms") && !settings_release;
+        }
+        Ok(device)
     }
 }
 

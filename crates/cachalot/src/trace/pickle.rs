@@ -64,9 +64,15 @@ impl Snapshot {
 /// past the input limit.
 pub fn read_snapshot<R: Read>(mut input: R, limits: &ReadLimits) -> Result<Snapshot, TraceError> {
     let mut bytes = Vec::new();
-    input
-        .read_to_end(&mut bytes)
-        .map_err(|e| io_error("snapshot pickle", e))?;
+    if let Err(e) = input.read_to_end(&mut bytes) {
+        return Err(match io_error("snapshot pickle", e) {
+            TraceError::Io { source, .. } => TraceError::Pickle {
+                offset: bytes.len() as u64,
+                reason: format!("read failed: {source}"),
+            },
+            other => other,
+        });
+    }
     snapshot_from_slice(&bytes, limits)
 }
 
