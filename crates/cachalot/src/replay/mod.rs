@@ -151,6 +151,11 @@ impl Observer for SegmentLog {
                 .push(event.size);
         }
     }
+
+    /// Segment sizes need no time: only the observer passed on to may.
+    fn wants_time(&self) -> bool {
+        self.also.as_ref().is_some_and(|a| a.wants_time())
+    }
 }
 
 /// Counts of the calls [`run`] made.

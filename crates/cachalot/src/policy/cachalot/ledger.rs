@@ -15,6 +15,8 @@ pub(crate) struct Ledger {
     /// The statistics of this stream's pools.
     pub(crate) stats: MemoryStats,
     observer: Option<Arc<dyn Observer>>,
+    /// Whether the observer reads event times ([`Observer::wants_time`]).
+    stamp: bool,
     start: Instant,
     stream: StreamId,
 }
@@ -34,6 +36,7 @@ impl Ledger {
         Ledger {
             stats,
             observer: None,
+            stamp: false,
             start,
             stream,
         }
@@ -41,12 +44,17 @@ impl Ledger {
 
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
+        self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
         self.observer = observer;
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64) {
         if let Some(o) = &self.observer {
-            let time_us = self.start.elapsed().as_micros() as u64;
+            let time_us = if self.stamp {
+                self.start.elapsed().as_micros() as u64
+            } else {
+                0
+            };
             o.on_event(&TraceEvent {
                 time_us,
                 action,

@@ -63,6 +63,27 @@ impl Block {
         self.allocated || self.event_count > 0
     }
 
+    /// A copy of this block's fields for a new block of `size` bytes at the same
+    /// address followed by `next`, with no stream uses (no clone of the list).
+    pub(crate) fn front_piece(&self, size: u64, next: BlockId) -> Block {
+        Block {
+            stream: self.stream,
+            addr: self.addr,
+            size,
+            requested: self.requested,
+            small: self.small,
+            allocated: self.allocated,
+            mapped: self.mapped,
+            prev: self.prev,
+            next: Some(next),
+            event_count: self.event_count,
+            stream_uses: Vec::new(),
+            gc_base: self.gc_base,
+            segment: self.segment,
+            expandable: self.expandable,
+        }
+    }
+
     /// Free and reusable: not active and not claimed by a stream.
     pub(crate) fn is_reusable(&self) -> bool {
         !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()

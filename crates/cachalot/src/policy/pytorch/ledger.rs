@@ -15,6 +15,8 @@ pub(crate) struct Ledger {
     /// PyTorch's statistics.
     pub(crate) stats: MemoryStats,
     observer: Option<Arc<dyn Observer>>,
+    /// Whether the observer reads event times ([`Observer::wants_time`]).
+    stamp: bool,
     epoch: Instant,
     max_split_size: u64,
 }
@@ -34,6 +36,7 @@ impl Ledger {
         Ledger {
             stats: MemoryStats::new(limit),
             observer: None,
+            stamp: false,
             epoch: Instant::now(),
             max_split_size,
         }
@@ -41,12 +44,17 @@ impl Ledger {
 
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
+        self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
         self.observer = observer;
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
         if let Some(o) = &self.observer {
-            let time_us = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let time_us = if self.stamp {
+                u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+            } else {
+                0
+            };
             o.on_event(&TraceEvent {
                 time_us,
                 action,
@@ -188,5 +196,46 @@ impl Ledger {
     pub(crate) fn oom(&mut self, requested: u64, device_free: u64, stream: StreamId) {
         self.stats.num_ooms += 1;
         self.emit(Action::Oom, device_free, requested, stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Log {
+        events: Mutex<Vec<TraceEvent>>,
+        timed: bool,
+    }
+
+    impl Observer for Log {
+        fn on_event(&self, event: &TraceEvent) {
+            self.events.lock().unwrap().push(*event);
+        }
+        fn wants_time(&self) -> bool {
+            self.timed
+        }
+    }
+
+    #[test]
+    fn an_observer_that_wants_no_time_gets_events_stamped_zero() {
+        let mut ledger = Ledger::new(u64::MAX);
+        ledger.epoch -= std::time::Duration::from_secs(5);
+        for timed in [false, true] {
+            let log = Arc::new(Log {
+                timed,
+                ..Log::default()
+            });
+            ledger.set_observer(Some(log.clone()));
+            ledger.segment_alloc(0x1000, 2 << 20, true, StreamId::DEFAULT);
+            let events = log.events.lock().unwrap().clone();
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].action, Action::SegmentAlloc);
+            let stamped = events[0].time_us >= 5_000_000;
+            assert_eq!(stamped, timed, "{:?}", events[0]);
+        }
     }
 }

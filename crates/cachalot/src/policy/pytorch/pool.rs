@@ -2,7 +2,6 @@
 //! as in PyTorch, and the address-ordered set of unmapped stretches.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 
 use crate::backend::{DevicePtr, StreamId};
 
@@ -11,13 +10,87 @@ use super::block::{Block, BlockId};
 /// The best-fit ordering of a cached block.
 pub(crate) type FitKey = (StreamId, u64, DevicePtr);
 
+/// Cached blocks in best-fit order, (stream, size, address): one ordered map per
+/// stream, keyed by size and address packed into one `u128` (one comparison
+/// instead of three on the hot path), streams kept in ascending order.
+#[derive(Debug, Default)]
+pub(crate) struct FitMap {
+    streams: Vec<(StreamId, BTreeMap<u128, BlockId>)>,
+    len: usize,
+}
+
+/// `(size, addr)` packed so that integer order is the tuple's order.
+fn pack(size: u64, addr: DevicePtr) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
+fn unpack(stream: StreamId, key: u128) -> FitKey {
+    (stream, (key >> 64) as u64, key as u64)
+}
+
+impl FitMap {
+    fn of(&self, stream: StreamId) -> Option<&BTreeMap<u128, BlockId>> {
+        self.streams
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, m)| m)
+    }
+
+    fn of_mut(&mut self, stream: StreamId) -> &mut BTreeMap<u128, BlockId> {
+        let at = match self.streams.iter().position(|(s, _)| *s >= stream) {
+            Some(i) if self.streams[i].0 == stream => i,
+            Some(i) => {
+                self.streams.insert(i, (stream, BTreeMap::new()));
+                i
+            }
+            None => {
+                self.streams.push((stream, BTreeMap::new()));
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[at].1
+    }
+
+    /// Adds a block under `key`.
+    pub(crate) fn insert(&mut self, key: FitKey, id: BlockId) {
+        if self.of_mut(key.0).insert(pack(key.1, key.2), id).is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// Removes the block under `key`, if any.
+    pub(crate) fn remove(&mut self, key: &FitKey) -> Option<BlockId> {
+        let (_, map) = self.streams.iter_mut().find(|(s, _)| *s == key.0)?;
+        let id = map.remove(&pack(key.1, key.2))?;
+        self.len -= 1;
+        Some(id)
+    }
+
+    /// How many blocks are cached.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every cached block with its key, best fit order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (FitKey, BlockId)> + '_ {
+        self.streams
+            .iter()
+            .flat_map(|(s, m)| m.iter().map(|(k, id)| (unpack(*s, *k), *id)))
+    }
+
+    /// Every cached block, best fit order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &BlockId> + '_ {
+        self.streams.iter().flat_map(|(_, m)| m.values())
+    }
+}
+
 /// The small or the large pool.
 #[derive(Debug, Default)]
 pub(crate) struct BlockPool {
     /// Whether this is the small pool.
     pub(crate) small: bool,
     /// Free mapped blocks, best fit first.
-    pub(crate) blocks: BTreeMap<FitKey, BlockId>,
+    pub(crate) blocks: FitMap,
     /// Unmapped stretches of expandable segments, by (stream, address).
     pub(crate) unmapped: BTreeMap<(StreamId, DevicePtr), BlockId>,
     /// The GC clock: lookups made while garbage collection is on.
@@ -64,11 +137,12 @@ impl BlockPool {
         &self,
         stream: StreamId,
         size: u64,
-    ) -> impl Iterator<Item = (&FitKey, &BlockId)> {
-        let from = (stream, size, 0);
+    ) -> impl Iterator<Item = (FitKey, BlockId)> + '_ {
         self.blocks
-            .range((Bound::Included(from), Bound::Unbounded))
-            .take_while(move |(k, _)| k.0 == stream)
+            .of(stream)
+            .into_iter()
+            .flat_map(move |m| m.range(pack(size, 0)..))
+            .map(move |(k, id)| (unpack(stream, *k), *id))
     }
 
     /// Cached blocks of `stream` smaller than `size`, largest first.
@@ -76,12 +150,12 @@ impl BlockPool {
         &self,
         stream: StreamId,
         size: u64,
-    ) -> impl Iterator<Item = (&FitKey, &BlockId)> {
-        let to = (stream, size, 0);
+    ) -> impl Iterator<Item = (FitKey, BlockId)> + '_ {
         self.blocks
-            .range(..to)
-            .rev()
-            .take_while(move |(k, _)| k.0 == stream)
+            .of(stream)
+            .into_iter()
+            .flat_map(move |m| m.range(..pack(size, 0)).rev())
+            .map(move |(k, id)| (unpack(stream, *k), *id))
     }
 
     /// Unmapped stretches of `stream`, lowest address first.
@@ -90,5 +164,56 @@ impl BlockPool {
             .range((stream, 0)..)
             .take_while(move |(k, _)| k.0 == stream)
             .map(|(_, id)| *id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::arena::ArenaId;
+
+    fn id(n: usize) -> BlockId {
+        BlockId::from_index(n)
+    }
+
+    #[test]
+    fn fit_map_keeps_stream_size_address_order() {
+        let keys: Vec<FitKey> = vec![
+            (StreamId(7), 4096, 0x9000),
+            (StreamId(0), 1 << 40, 0x1000),
+            (StreamId(7), 512, u64::MAX - 511),
+            (StreamId(0), 4096, 0x2000),
+            (StreamId(3), 4096, 0x1000),
+            (StreamId(0), 4096, 0x1000),
+        ];
+        let mut map = FitMap::default();
+        for (n, k) in keys.iter().enumerate() {
+            map.insert(*k, id(n));
+        }
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let got: Vec<FitKey> = map.iter().map(|(k, _)| k).collect();
+        assert_eq!(got, sorted);
+        assert_eq!(map.len(), keys.len());
+        assert_eq!(map.remove(&(StreamId(3), 4096, 0x1000)), Some(id(4)));
+        assert_eq!(map.remove(&(StreamId(3), 4096, 0x1000)), None);
+        assert_eq!(map.remove(&(StreamId(9), 4096, 0x1000)), None);
+        assert_eq!(map.len(), keys.len() - 1);
+    }
+
+    #[test]
+    fn fits_and_smaller_stay_within_the_stream() {
+        let mut pool = BlockPool::new(false);
+        pool.blocks.insert((StreamId(0), 8192, 0x1000), id(0));
+        pool.blocks.insert((StreamId(1), 4096, 0x5000), id(1));
+        pool.blocks.insert((StreamId(1), 4096, 0x3000), id(2));
+        pool.blocks.insert((StreamId(1), 1024, 0x8000), id(3));
+        pool.blocks.insert((StreamId(2), 2048, 0x9000), id(4));
+        let fits: Vec<BlockId> = pool.fits(StreamId(1), 2048).map(|(_, i)| i).collect();
+        assert_eq!(fits, [id(2), id(1)]);
+        let smaller: Vec<BlockId> = pool.smaller(StreamId(1), 4096).map(|(_, i)| i).collect();
+        assert_eq!(smaller, [id(3)]);
+        assert_eq!(pool.fits(StreamId(0), 8193).count(), 0);
+        assert_eq!(pool.fits(StreamId(5), 0).count(), 0);
     }
 }

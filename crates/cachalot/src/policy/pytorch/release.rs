@@ -165,7 +165,7 @@ impl State {
         }
         let key = req.size.max(limit);
         let pool = if req.small { &self.small } else { &self.large };
-        let single = pool.fits(req.stream, key).next().map(|(_, id)| *id);
+        let single = pool.fits(req.stream, key).next().map(|(_, id)| id);
         if let Some(id) = single.filter(|id| !self.blocks[*id].expandable) {
             self.release_block(id)?;
             return Ok(true);
@@ -173,7 +173,7 @@ impl State {
         let candidates: Vec<BlockId> = pool
             .smaller(req.stream, key)
             .take_while(|(k, _)| k.1 >= limit)
-            .map(|(_, id)| *id)
+            .map(|(_, id)| id)
             .collect();
         let mut released = 0;
         for id in candidates {

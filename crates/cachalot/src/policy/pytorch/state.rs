@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 
-use super::block::{Block, BlockId, Blocks, PendingEvent, SegmentId, Segments};
+use super::block::{BlockId, Blocks, PendingEvent, SegmentId, Segments};
 use super::expandable::Orphan;
 use super::ledger::Ledger;
 use super::placement::Placement;
@@ -29,10 +29,19 @@ pub(crate) struct Request {
     pub(crate) alloc_size: u64,
 }
 
-/// Hashes device addresses (already well spread in their middle bits) with one
-/// multiplication instead of SipHash; the map is private, so no untrusted keys.
+/// Hashes device addresses with one folded multiplication instead of SipHash
+/// (the map is private, so no untrusted keys). Folding the 128-bit product puts
+/// every address bit into both the low bits (the bucket) and the high bits (the
+/// tag): addresses are 512-byte aligned, so a plain product's low bits are zero.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct AddrHasher(u64);
+
+const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = u128::from(a) * u128::from(b);
+    (p as u64) ^ ((p >> 64) as u64)
+}
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
@@ -40,11 +49,11 @@ impl Hasher for AddrHasher {
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.0 = fold_mul(self.0 ^ u64::from(*b), MIX);
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = fold_mul(self.0 ^ n, MIX);
     }
 }
 
@@ -224,7 +233,7 @@ impl State {
         let pool = &*pool;
         let best = {
             let blocks = &self.blocks;
-            let mut fits = pool.fits(req.stream, req.size).map(|(_, id)| *id);
+            let mut fits = pool.fits(req.stream, req.size).map(|(_, id)| id);
             let mut best = fits.next()?;
             if blocks[best].expandable {
                 if self.placement.expandable {
@@ -265,34 +274,30 @@ impl State {
         req: &Request,
         split: bool,
     ) -> DevicePtr {
-        let b = self.blocks[id].clone();
-        let already_split = b.is_split();
+        let b = &self.blocks[id];
+        let (prev, segment, small, expandable) = (b.prev, b.segment, b.small, b.expandable);
+        let (size, already_split) = (b.size, b.is_split());
         let mut chosen = id;
         if split {
-            let piece = Block {
-                size: req.size,
-                next: Some(id),
-                stream_uses: Vec::new(),
-                ..b.clone()
-            };
+            let piece = b.front_piece(req.size, id);
             let new_id = self.blocks.insert(piece);
-            self.link_after(b.prev, new_id, b.segment);
+            self.link_after(prev, new_id, segment);
             let rem = &mut self.blocks[id];
             rem.prev = Some(new_id);
             rem.addr += req.size;
             rem.size -= req.size;
             let rem_size = rem.size;
             self.cache(id);
-            if !b.expandable {
+            if !expandable {
                 if already_split {
-                    self.ledger.inactive_split(b.small, 0, -(req.size as i64));
+                    self.ledger.inactive_split(small, 0, -(req.size as i64));
                 } else {
-                    self.ledger.inactive_split(b.small, 1, rem_size as i64);
+                    self.ledger.inactive_split(small, 1, rem_size as i64);
                 }
             }
             chosen = new_id;
-        } else if already_split && !b.expandable {
-            self.ledger.inactive_split(b.small, -1, -(b.size as i64));
+        } else if already_split && !expandable {
+            self.ledger.inactive_split(small, -1, -(size as i64));
         }
         let blk = &mut self.blocks[chosen];
         blk.allocated = true;
@@ -306,9 +311,11 @@ impl State {
     /// Returns a freed, unclaimed block to its pool, merging it with free
     /// neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
-        let b = self.blocks[id].clone();
+        let b = &self.blocks[id];
+        let (prev, next, small, expandable) = (b.prev, b.next, b.small, b.expandable);
+        let (addr, size, requested, stream) = (b.addr, b.size, b.requested, b.stream);
         let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
-        for neighbour in [b.prev, b.next] {
+        for neighbour in [prev, next] {
             let absorbed = self.try_merge(id, neighbour);
             if absorbed > 0 {
                 net_blocks -= 1;
@@ -321,10 +328,27 @@ impl State {
             net_blocks += 1;
             net_bytes += merged.size as i64;
         }
-        if !b.expandable {
-            self.ledger.inactive_split(b.small, net_blocks, net_bytes);
+        if !expandable {
+            self.ledger.inactive_split(small, net_blocks, net_bytes);
         }
         self.ledger
-            .free_completed(b.addr, b.size, b.requested, b.small, b.stream);
+            .free_completed(addr, size, requested, small, stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    #[test]
+    fn aligned_addresses_spread_over_the_low_bits() {
+        let build = BuildHasherDefault::<AddrHasher>::default();
+        let buckets: BTreeSet<u64> = (0..256u64)
+            .map(|k| build.hash_one(0x7f00_0000_0000 + k * 512) & 0xff)
+            .collect();
+        assert!(buckets.len() > 128, "{} buckets of 256", buckets.len());
     }
 }

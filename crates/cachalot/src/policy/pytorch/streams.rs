@@ -11,9 +11,14 @@ use super::state::State;
 impl State {
     /// The allocated block at `ptr`, or the reason there is none.
     pub(crate) fn live_block(&self, ptr: DevicePtr) -> Result<BlockId> {
-        if let Some(id) = self.allocated.get(&ptr) {
-            return Ok(*id);
+        match self.allocated.get(&ptr) {
+            Some(id) => Ok(*id),
+            None => Err(self.invalid_free(ptr)),
         }
+    }
+
+    /// Why `ptr`, not an allocated address, cannot be freed.
+    fn invalid_free(&self, ptr: DevicePtr) -> Error {
         let known = self
             .blocks
             .iter()
@@ -23,7 +28,7 @@ impl State {
         } else {
             FreeError::Foreign
         };
-        Err(Error::InvalidFree { ptr, reason })
+        Error::InvalidFree { ptr, reason }
     }
 
     /// Marks the allocation at `ptr` as used by `stream`.
@@ -39,10 +44,22 @@ impl State {
     /// Frees the allocation at `ptr`. With other streams recorded, the block stays
     /// active until events recorded on them now have completed.
     pub(crate) fn free(&mut self, ptr: DevicePtr) -> Result<()> {
-        let id = self.live_block(ptr)?;
-        let uses = self.blocks[id].stream_uses.clone();
-        let events = self.record_events(&uses)?;
-        self.allocated.remove(&ptr);
+        let Some(id) = self.allocated.remove(&ptr) else {
+            return Err(self.invalid_free(ptr));
+        };
+        let events = if self.blocks[id].stream_uses.is_empty() {
+            Vec::new()
+        } else {
+            let uses = self.blocks[id].stream_uses.clone();
+            match self.record_events(&uses) {
+                Ok(events) => events,
+                Err(e) => {
+                    // The allocation stays as it was.
+                    self.allocated.insert(ptr, id);
+                    return Err(e);
+                }
+            }
+        };
         let b = &mut self.blocks[id];
         b.allocated = false;
         b.stream_uses.clear();

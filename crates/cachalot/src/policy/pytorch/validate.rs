@@ -95,13 +95,13 @@ impl State {
     /// Checks that the pools hold exactly the free blocks, under the right keys.
     fn validate_pools(&self) -> Check {
         for pool in [&self.small, &self.large] {
-            for (key, id) in &pool.blocks {
+            for (key, id) in pool.blocks.iter() {
                 let b = self
                     .blocks
-                    .get(*id)
+                    .get(id)
                     .ok_or_else(|| InvariantViolation(format!("pool holds stale {id:?}")))?;
                 ensure_invariant!(
-                    *key == BlockPool::key(b) && b.small == pool.small,
+                    key == BlockPool::key(b) && b.small == pool.small,
                     "pool key of {id:?} is wrong"
                 );
                 ensure_invariant!(
