@@ -24,6 +24,7 @@ mod expandable;
 mod grow;
 mod ledger;
 mod malloc;
+mod order;
 mod placement;
 mod pool;
 mod release;

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use crate::backend::{DevicePtr, StreamId};
 
 use super::block::{Block, BlockId};
+use super::order::OrderedMap;
 
 /// The best-fit ordering of a cached block.
 pub(crate) type FitKey = (StreamId, u64, DevicePtr);
@@ -15,7 +16,7 @@ pub(crate) type FitKey = (StreamId, u64, DevicePtr);
 /// instead of three on the hot path), streams kept in ascending order.
 #[derive(Debug, Default)]
 pub(crate) struct FitMap {
-    streams: Vec<(StreamId, BTreeMap<u128, BlockId>)>,
+    streams: Vec<(StreamId, OrderedMap)>,
     len: usize,
 }
 
@@ -29,22 +30,22 @@ fn unpack(stream: StreamId, key: u128) -> FitKey {
 }
 
 impl FitMap {
-    fn of(&self, stream: StreamId) -> Option<&BTreeMap<u128, BlockId>> {
+    fn of(&self, stream: StreamId) -> Option<&OrderedMap> {
         self.streams
             .iter()
             .find(|(s, _)| *s == stream)
             .map(|(_, m)| m)
     }
 
-    fn of_mut(&mut self, stream: StreamId) -> &mut BTreeMap<u128, BlockId> {
+    fn of_mut(&mut self, stream: StreamId) -> &mut OrderedMap {
         let at = match self.streams.iter().position(|(s, _)| *s >= stream) {
             Some(i) if self.streams[i].0 == stream => i,
             Some(i) => {
-                self.streams.insert(i, (stream, BTreeMap::new()));
+                self.streams.insert(i, (stream, OrderedMap::default()));
                 i
             }
             None => {
-                self.streams.push((stream, BTreeMap::new()));
+                self.streams.push((stream, OrderedMap::default()));
                 self.streams.len() - 1
             }
         };
@@ -61,7 +62,7 @@ impl FitMap {
     /// Removes the block under `key`, if any.
     pub(crate) fn remove(&mut self, key: &FitKey) -> Option<BlockId> {
         let (_, map) = self.streams.iter_mut().find(|(s, _)| *s == key.0)?;
-        let id = map.remove(&pack(key.1, key.2))?;
+        let id = map.remove(pack(key.1, key.2))?;
         self.len -= 1;
         Some(id)
     }
@@ -75,12 +76,12 @@ impl FitMap {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (FitKey, BlockId)> + '_ {
         self.streams
             .iter()
-            .flat_map(|(s, m)| m.iter().map(|(k, id)| (unpack(*s, *k), *id)))
+            .flat_map(|(s, m)| m.iter().map(|(k, id)| (unpack(*s, k), id)))
     }
 
     /// Every cached block, best fit order.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &BlockId> + '_ {
-        self.streams.iter().flat_map(|(_, m)| m.values())
+    pub(crate) fn values(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.iter().map(|(_, id)| id)
     }
 }
 
@@ -141,8 +142,8 @@ impl BlockPool {
         self.blocks
             .of(stream)
             .into_iter()
-            .flat_map(move |m| m.range(pack(size, 0)..))
-            .map(move |(k, id)| (unpack(stream, *k), *id))
+            .flat_map(move |m| m.from(pack(size, 0)))
+            .map(move |(k, id)| (unpack(stream, k), id))
     }
 
     /// Cached blocks of `stream` smaller than `size`, largest first.
@@ -154,8 +155,8 @@ impl BlockPool {
         self.blocks
             .of(stream)
             .into_iter()
-            .flat_map(move |m| m.range(..pack(size, 0)).rev())
-            .map(move |(k, id)| (unpack(stream, *k), *id))
+            .flat_map(move |m| m.below(pack(size, 0)))
+            .map(move |(k, id)| (unpack(stream, k), id))
     }
 
     /// Unmapped stretches of `stream`, lowest address first.

@@ -111,7 +111,7 @@ impl State {
     /// its expandable segments.
     pub(crate) fn release_blocks(&mut self, small: bool) -> Result<()> {
         let pool = if small { &self.small } else { &self.large };
-        let cached: Vec<BlockId> = pool.blocks.values().copied().collect();
+        let cached: Vec<BlockId> = pool.blocks.values().collect();
         let mut to_unmap = Vec::new();
         for id in cached {
             let b = &self.blocks[id];
@@ -204,7 +204,7 @@ impl State {
         let age = |b: &Block| (clock - b.gc_base) as u64;
         let (mut total_age, mut count) = (0u64, 0u64);
         for id in self.large.blocks.values() {
-            let b = &self.blocks[*id];
+            let b = &self.blocks[id];
             if !b.is_split() {
                 total_age += age(b);
                 count += 1;
@@ -214,7 +214,7 @@ impl State {
         while reclaimed < target && freed && count > 0 {
             let threshold_age = total_age as f64 / count as f64;
             freed = false;
-            let cached: Vec<BlockId> = self.large.blocks.values().copied().collect();
+            let cached: Vec<BlockId> = self.large.blocks.values().collect();
             for id in cached {
                 let b = &self.blocks[id];
                 let a = age(b);
