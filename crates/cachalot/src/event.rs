@@ -110,4 +110,24 @@ pub trait Observer: Send + Sync {
     fn wants_time(&self) -> bool {
         true
     }
+
+    /// Whether the observer wants events of `action` at all; the allocator skips
+    /// the others. Asked for each action once, when the observer is installed.
+    fn wants(&self, action: Action) -> bool {
+        let _ = action;
+        true
+    }
+}
+
+/// The actions an observer wants, one bit per [`Action`], as policies cache it.
+pub(crate) fn wanted_actions(observer: &dyn Observer) -> u16 {
+    Action::ALL
+        .iter()
+        .filter(|a| observer.wants(**a))
+        .fold(0, |mask, a| mask | action_bit(*a))
+}
+
+/// The bit of `action` in a [`wanted_actions`] mask.
+pub(crate) fn action_bit(action: Action) -> u16 {
+    1 << (action as u16)
 }

@@ -156,6 +156,12 @@ impl Observer for SegmentLog {
     fn wants_time(&self) -> bool {
         self.also.as_ref().is_some_and(|a| a.wants_time())
     }
+
+    /// Segment allocations and maps, and whatever the observer passed on to wants.
+    fn wants(&self, action: Action) -> bool {
+        matches!(action, Action::SegmentAlloc | Action::SegmentMap)
+            || self.also.as_ref().is_some_and(|a| a.wants(action))
+    }
 }
 
 /// Counts of the calls [`run`] made.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::event::{Action, Observer, TraceEvent};
+use crate::event::{action_bit, wanted_actions, Action, Observer, TraceEvent};
 use crate::stats::MemoryStats;
 
 /// See the module docs.
@@ -17,6 +17,8 @@ pub(crate) struct Ledger {
     observer: Option<Arc<dyn Observer>>,
     /// Whether the observer reads event times ([`Observer::wants_time`]).
     stamp: bool,
+    /// The actions the observer wants ([`Observer::wants`]), one bit each.
+    wanted: u16,
     start: Instant,
     stream: StreamId,
 }
@@ -37,6 +39,7 @@ impl Ledger {
             stats,
             observer: None,
             stamp: false,
+            wanted: 0,
             start,
             stream,
         }
@@ -45,11 +48,16 @@ impl Ledger {
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
         self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
+        self.wanted = observer.as_deref().map_or(0, wanted_actions);
         self.observer = observer;
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64) {
-        if let Some(o) = &self.observer {
+        if let Some(o) = self
+            .observer
+            .as_ref()
+            .filter(|_| self.wanted & action_bit(action) != 0)
+        {
             let time_us = if self.stamp {
                 self.start.elapsed().as_micros() as u64
             } else {

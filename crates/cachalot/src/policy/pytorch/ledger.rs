@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::event::{Action, Observer, TraceEvent};
+use crate::event::{action_bit, wanted_actions, Action, Observer, TraceEvent};
 use crate::stats::MemoryStats;
 
 use super::block::Block;
@@ -17,6 +17,8 @@ pub(crate) struct Ledger {
     observer: Option<Arc<dyn Observer>>,
     /// Whether the observer reads event times ([`Observer::wants_time`]).
     stamp: bool,
+    /// The actions the observer wants ([`Observer::wants`]), one bit each.
+    wanted: u16,
     epoch: Instant,
     max_split_size: u64,
 }
@@ -37,6 +39,7 @@ impl Ledger {
             stats: MemoryStats::new(limit),
             observer: None,
             stamp: false,
+            wanted: 0,
             epoch: Instant::now(),
             max_split_size,
         }
@@ -45,11 +48,16 @@ impl Ledger {
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
         self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
+        self.wanted = observer.as_deref().map_or(0, wanted_actions);
         self.observer = observer;
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
-        if let Some(o) = &self.observer {
+        if let Some(o) = self
+            .observer
+            .as_ref()
+            .filter(|_| self.wanted & action_bit(action) != 0)
+        {
             let time_us = if self.stamp {
                 u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
             } else {
@@ -209,6 +217,7 @@ mod tests {
     struct Log {
         events: Mutex<Vec<TraceEvent>>,
         timed: bool,
+        only: Option<Action>,
     }
 
     impl Observer for Log {
@@ -217,6 +226,9 @@ mod tests {
         }
         fn wants_time(&self) -> bool {
             self.timed
+        }
+        fn wants(&self, action: Action) -> bool {
+            self.only.is_none_or(|a| a == action)
         }
     }
 
@@ -237,5 +249,21 @@ mod tests {
             let stamped = events[0].time_us >= 5_000_000;
             assert_eq!(stamped, timed, "{:?}", events[0]);
         }
+    }
+
+    #[test]
+    fn an_observer_hears_only_the_actions_it_wants() {
+        let mut ledger = Ledger::new(u64::MAX);
+        let log = Arc::new(Log {
+            only: Some(Action::SegmentFree),
+            ..Log::default()
+        });
+        ledger.set_observer(Some(log.clone()));
+        ledger.segment_alloc(0x1000, 2 << 20, true, StreamId::DEFAULT);
+        ledger.segment_free(0x1000, 2 << 20, true, StreamId::DEFAULT);
+        let events = log.events.lock().unwrap().clone();
+        let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::SegmentFree]);
+        assert_eq!(ledger.stats.num_device_alloc, 1, "stats change regardless");
     }
 }
