@@ -79,6 +79,7 @@ pub(crate) fn run(args: &Args) -> ExitCode {
             } else {
                 print_table(&args.trace, &report);
             }
+            crate::input::print_first_oom(&report);
             ExitCode::SUCCESS
         }
         Err(e) => {
