@@ -92,6 +92,7 @@ fn wrong_policy_and_fraction_are_refused() {
         PytorchAllocator::new(backend.clone(), cfg.clone()),
         Err(Error::InvalidArgument(_))
     ));
+    cfg.per_process_memory_fraction = 1.5;
     assert!(matches!(
         cachalot::allocator::create(backend, cfg),
         Err(Error::InvalidArgument(_))

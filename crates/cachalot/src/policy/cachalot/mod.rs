@@ -86,7 +86,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{
     Error, FreeError, InvariantViolation, OomBreakdown, OomReport, Result, MAX_REQUEST,
@@ -259,9 +259,8 @@ impl DeviceAllocator for CachalotAllocator {
         let second = entry.lock().malloc(&self.pages, rounded, size);
         match second {
             Ok(ptr) => Ok(ptr),
-            Err(BackendError::OutOfMemory { requested, .. }) => {
-                Err(self.out_of_memory(entry, size, requested))
-            }
+            // "Tried to allocate" is the block, as PyTorch reports it.
+            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
             Err(e) => Err(e.into()),
         }
     }
@@ -292,7 +291,7 @@ impl DeviceAllocator for CachalotAllocator {
         }
         let total = self.backend.capabilities().total_memory;
         self.pages
-            .set_limit((fraction < 1.0).then_some((fraction * total as f64) as u64));
+            .set_limit((fraction < 1.0).then_some((fraction * total as f64).round() as u64));
         Ok(())
     }
 

@@ -101,6 +101,12 @@ impl StreamState {
         size: u64,
         requested: u64,
     ) -> BackendResult<u64> {
+        let result = self.malloc_inner(pages, size, requested);
+        self.ledger.flush();
+        result
+    }
+
+    fn malloc_inner(&mut self, pages: &Pages, size: u64, requested: u64) -> BackendResult<u64> {
         self.process_events(pages)?;
         let p = pool_of(size);
         if pages.granularity() > 0 {
@@ -306,6 +312,12 @@ impl StreamState {
 
     /// Frees the allocation `(p, id)` found by [`StreamState::find`].
     pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+        let result = self.free_inner(pages, p, id);
+        self.ledger.flush();
+        result
+    }
+
+    fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
         let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_requested(p == 0, addr, size, requested);
@@ -435,6 +447,12 @@ impl StreamState {
 
     /// Returns every cached page, segment, range and spare event to the device.
     pub(crate) fn empty_cache(&mut self, pages: &Pages) -> BackendResult<()> {
+        let result = self.empty_cache_inner(pages);
+        self.ledger.flush();
+        result
+    }
+
+    fn empty_cache_inner(&mut self, pages: &Pages) -> BackendResult<()> {
         self.sync_pending(pages)?;
         self.release_cached(pages, 0)?;
         for p in 0..2 {
