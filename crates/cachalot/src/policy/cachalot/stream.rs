@@ -31,6 +31,9 @@ struct Pending {
     pool: usize,
     id: BlockId,
     events: Vec<EventId>,
+    /// An event could not be recorded nor its stream synchronized: only a
+    /// device synchronization (at `empty_cache` or out of memory) frees it.
+    wait_device: bool,
 }
 
 /// Settings a stream needs.
@@ -311,13 +314,14 @@ impl StreamState {
     }
 
     /// Frees the allocation `(p, id)` found by [`StreamState::find`].
-    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
-        let result = self.free_inner(pages, p, id);
+    /// Frees the allocation `(p, id)` found by [`StreamState::find`]. It cannot
+    /// fail: a device error only defers the block's reuse.
+    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) {
+        self.free_inner(pages, p, id);
         self.ledger.flush();
-        result
     }
 
-    fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+    fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_requested(p == 0, addr, size, requested);
@@ -327,31 +331,26 @@ impl StreamState {
             self.recorded.remove(&addr)
         };
         let Some(streams) = recorded else {
-            return self.complete(pages, p, id);
+            self.complete(pages, p, id);
+            return;
         };
         self.pools[p].heap.set_pending(id);
         let backend = pages.backend().as_ref();
-        let mut events = Vec::with_capacity(streams.len());
+        let (mut events, mut wait_device) = (Vec::with_capacity(streams.len()), false);
         for s in streams {
             match self.record_on(backend, s) {
                 Ok(e) => events.push(e),
-                Err(err) => {
-                    // Without an event, wait for the stream now instead.
-                    self.pending.push(Pending {
-                        pool: p,
-                        id,
-                        events,
-                    });
-                    return backend.synchronize_stream(s).or(Err(err));
-                }
+                // Without an event, wait for the stream now instead; failing
+                // that, for the whole device later.
+                Err(_) => wait_device |= backend.synchronize_stream(s).is_err(),
             }
         }
         self.pending.push(Pending {
             pool: p,
             id,
             events,
+            wait_device,
         });
-        Ok(())
     }
 
     fn record_on(&mut self, backend: &dyn Backend, stream: StreamId) -> BackendResult<EventId> {
@@ -366,7 +365,7 @@ impl StreamState {
     }
 
     /// Makes a freed block reusable.
-    fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+    fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
@@ -380,11 +379,14 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
-        match self.config.threshold {
-            Some(keep) if self.pools[p].cached_bytes() > keep => {
-                self.pools[p].release_cached(pages, &mut self.ledger, keep)
-            }
-            _ => Ok(()),
+        if let Some(keep) = self
+            .config
+            .threshold
+            .filter(|k| self.pools[p].cached_bytes() > *k)
+        {
+            // Best effort: what fails to go back stays cached and is retried at
+            // the next free, `empty_cache` or out-of-memory flush.
+            let _ = self.pools[p].release_cached(pages, &mut self.ledger, keep);
         }
     }
 
@@ -407,13 +409,14 @@ impl StreamState {
         }
         let mut i = 0;
         while i < self.pending.len() {
-            if !all_done(pages.backend().as_ref(), &self.pending[i].events)? {
+            let waiting = &self.pending[i];
+            if waiting.wait_device || !all_done(pages.backend().as_ref(), &waiting.events)? {
                 i += 1;
                 continue;
             }
             let done = self.pending.swap_remove(i);
             self.spare_events.extend(done.events);
-            self.complete(pages, done.pool, done.id)?;
+            self.complete(pages, done.pool, done.id);
         }
         Ok(())
     }
@@ -423,18 +426,20 @@ impl StreamState {
         if self.pending.is_empty() {
             return Ok(());
         }
+        if self.pending.iter().any(|p| p.wait_device) {
+            pages.backend().synchronize_device()?;
+        }
         for p in &self.pending {
             for e in &p.events {
                 pages.backend().synchronize_event(*e)?;
             }
         }
         self.ledger.synced_all();
-        let mut result = Ok(());
         for done in std::mem::take(&mut self.pending) {
             self.spare_events.extend(done.events);
-            result = result.and(self.complete(pages, done.pool, done.id));
+            self.complete(pages, done.pool, done.id);
         }
-        result
+        Ok(())
     }
 
     /// Gives back cached memory down to `keep` bytes per pool.
