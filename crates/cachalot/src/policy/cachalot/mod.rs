@@ -37,6 +37,12 @@
 //!
 //! # The hot path
 //!
+//! Small blocks (with virtual memory and no release threshold) are *parked* when
+//! freed: kept unmerged in per-size lists and handed out again to the next
+//! request of exactly their size, with no index update; the first miss merges
+//! them all back before placing. Small blocks are 1% or less of reserved bytes
+//! on the bundled traces, so this changes none of the ratios above.
+//!
 //! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock the
 //! stream, one `BTreeMap` range lookup whose first hit is almost always fully
 //! mapped, bump the users of its slots, split, update statistics in

@@ -130,6 +130,13 @@ impl StreamState {
             self.pools[p].ensure_range(pages, self.config.range_size)?;
             self.ranges.publish(p, self.pools[p].range());
         }
+        if let Some(id) = self.pools[p].take_parked(size) {
+            self.pools[p].heap.unpark(id, requested);
+            let addr = self.pools[p].heap.block(id).addr;
+            self.ledger.allocated(p == 0, addr, size, requested);
+            return Ok(addr);
+        }
+        self.pools[p].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
@@ -143,6 +150,7 @@ impl StreamState {
         slots.acquire(span.clone());
         self.peak_in_use = self.peak_in_use.max(self.in_use());
         if place.unmapped > 0 {
+            self.pools[1 - p].flush_parked();
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
                     .slots
@@ -370,6 +378,11 @@ impl StreamState {
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
+        // Small blocks are parked for exact-size reuse: no merge, no index update.
+        if pool.small && pool.slots.is_some() && self.config.threshold.is_none() {
+            pool.park(id);
+            return;
+        }
         if let Some(slots) = pool.slots.as_mut() {
             slots.release(slots.span(addr, size));
         }
