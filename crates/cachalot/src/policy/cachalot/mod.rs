@@ -37,6 +37,12 @@
 //!
 //! # The hot path
 //!
+//! Small blocks (with virtual memory and no release threshold) are *parked* when
+//! freed: kept unmerged in per-size lists and handed out again to the next
+//! request of exactly their size, with no index update; the first miss merges
+//! them all back before placing. Small blocks are 1% or less of reserved bytes
+//! on the bundled traces, so this changes none of the ratios above.
+//!
 //! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock the
 //! stream, one `BTreeMap` range lookup whose first hit is almost always fully
 //! mapped, bump the users of its slots, split, update statistics in
@@ -86,7 +92,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
+use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{
     Error, FreeError, InvariantViolation, OomBreakdown, OomReport, Result, MAX_REQUEST,
@@ -200,7 +206,7 @@ impl CachalotAllocator {
         for entry in self.streams.iter() {
             entry.lock().empty_cache(&self.pages)?;
         }
-        Ok(())
+        Ok(self.pages.retry_orphans()?)
     }
 
     fn out_of_memory(&self, entry: &StreamEntry, requested: u64, alloc_size: u64) -> Error {
@@ -259,9 +265,8 @@ impl DeviceAllocator for CachalotAllocator {
         let second = entry.lock().malloc(&self.pages, rounded, size);
         match second {
             Ok(ptr) => Ok(ptr),
-            Err(BackendError::OutOfMemory { requested, .. }) => {
-                Err(self.out_of_memory(entry, size, requested))
-            }
+            // "Tried to allocate" is the block, as PyTorch reports it.
+            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
             Err(e) => Err(e.into()),
         }
     }
@@ -270,7 +275,10 @@ impl DeviceAllocator for CachalotAllocator {
         if ptr == 0 {
             return Ok(());
         }
-        self.with_live(ptr, |st, p, id| Ok(st.free(&self.pages, p, id)?))
+        self.with_live(ptr, |st, p, id| {
+            st.free(&self.pages, p, id);
+            Ok(())
+        })
     }
 
     fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
@@ -292,7 +300,7 @@ impl DeviceAllocator for CachalotAllocator {
         }
         let total = self.backend.capabilities().total_memory;
         self.pages
-            .set_limit((fraction < 1.0).then_some((fraction * total as f64) as u64));
+            .set_limit((fraction < 1.0).then_some((fraction * total as f64).round() as u64));
         Ok(())
     }
 
@@ -338,10 +346,10 @@ impl DeviceAllocator for CachalotAllocator {
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
             reserved += st.reserved();
         }
+        let held = self.pages.held_in_use();
         crate::ensure_invariant!(
-            reserved == self.pages.held(),
-            "streams reserve {reserved} bytes but {} are held from the device",
-            self.pages.held()
+            reserved == held,
+            "streams reserve {reserved} bytes but {held} are held from the device (orphans aside)"
         );
         Ok(())
     }

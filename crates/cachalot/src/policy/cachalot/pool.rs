@@ -5,10 +5,13 @@
 //! already mapped wins, so the common case is a free-list hit with no driver
 //! call; only when none fits does it pick the block needing the fewest new pages.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
-use super::heap::{BlockId, Heap, State};
+use super::heap::{AddrHasher, BlockId, Heap, State};
 use super::ledger::Ledger;
 use super::pages::Pages;
 use super::slots::Slots;
@@ -48,6 +51,9 @@ pub(crate) struct Pool {
     /// Page slots of the reserved range (virtual memory only, once reserved).
     pub(crate) slots: Option<Slots>,
     range: Option<(u64, u64)>,
+    /// Parked blocks by exact size, most recently freed last.
+    parked: HashMap<u64, Vec<BlockId>, BuildHasherDefault<AddrHasher>>,
+    parked_count: usize,
 }
 
 impl Pool {
@@ -58,7 +64,59 @@ impl Pool {
             heap: Heap::default(),
             slots: None,
             range: None,
+            parked: HashMap::default(),
+            parked_count: 0,
         }
+    }
+
+    /// Parks a freed block for reuse at its exact size (it keeps its pages).
+    pub(crate) fn park(&mut self, id: BlockId) {
+        self.heap.park(id);
+        let size = self.heap.block(id).size;
+        self.parked.entry(size).or_default().push(id);
+        self.parked_count += 1;
+    }
+
+    /// The most recently parked block of exactly `size` bytes, taken out.
+    pub(crate) fn take_parked(&mut self, size: u64) -> Option<BlockId> {
+        if self.parked_count == 0 {
+            return None;
+        }
+        let id = self.parked.get_mut(&size)?.pop()?;
+        self.parked_count -= 1;
+        Some(id)
+    }
+
+    /// Merges every parked block into the heap and releases its slots.
+    pub(crate) fn flush_parked(&mut self) {
+        if self.parked_count == 0 {
+            return;
+        }
+        for ids in self.parked.values_mut() {
+            for id in ids.drain(..) {
+                let b = self.heap.block(id);
+                let (addr, size) = (b.addr, b.size);
+                if let Some(slots) = self.slots.as_mut() {
+                    slots.release(slots.span(addr, size));
+                }
+                self.heap.release(id);
+            }
+        }
+        self.parked.clear();
+        self.parked_count = 0;
+    }
+
+    /// Number of parked blocks.
+    pub(crate) fn parked_count(&self) -> usize {
+        self.parked_count
+    }
+
+    /// Whether `id` is parked exactly once.
+    pub(crate) fn is_parked(&self, id: BlockId) -> bool {
+        let size = self.heap.block(id).size;
+        self.parked
+            .get(&size)
+            .is_some_and(|ids| ids.iter().filter(|i| **i == id).count() == 1)
     }
 
     /// The reserved range (base, size), if any.
@@ -243,6 +301,7 @@ impl Pool {
             }
             return Ok(());
         }
+        self.flush_parked();
         let cold = self
             .slots
             .as_ref()
@@ -293,7 +352,7 @@ impl Pool {
                 .map(|b| {
                     let (start, end) = (b.addr.max(base), b.end().min(base + size));
                     let state = match b.state {
-                        State::Free => BlockState::Inactive,
+                        State::Free | State::Parked => BlockState::Inactive,
                         State::Allocated => BlockState::ActiveAllocated,
                         State::PendingFree => BlockState::ActivePendingFree,
                     };
