@@ -87,6 +87,44 @@ impl Pool {
         Some(id)
     }
 
+    /// Whether a freed block of this pool may be parked: small ones always;
+    /// large ones only when no neighbour is free or parked, so a parked large
+    /// block is exactly the hole best fit would see. Parked neighbours of a
+    /// large block that is not parked are merged back first.
+    pub(crate) fn may_park(&mut self, id: BlockId) -> bool {
+        if self.small {
+            return true;
+        }
+        let mut isolated = true;
+        for n in self.heap.neighbours(id).into_iter().flatten() {
+            match self.heap.block(n).state {
+                State::Free => isolated = false,
+                State::Parked => {
+                    isolated = false;
+                    self.unpark_into_heap(n);
+                }
+                _ => {}
+            }
+        }
+        isolated
+    }
+
+    /// Takes one parked block out of its list and merges it into the heap.
+    fn unpark_into_heap(&mut self, id: BlockId) {
+        let b = self.heap.block(id);
+        let (addr, size) = (b.addr, b.size);
+        if let Some(ids) = self.parked.get_mut(&size) {
+            if let Some(at) = ids.iter().rposition(|i| *i == id) {
+                ids.remove(at);
+                self.parked_count -= 1;
+            }
+        }
+        if let Some(slots) = self.slots.as_mut() {
+            slots.release(slots.span(addr, size));
+        }
+        self.heap.release(id);
+    }
+
     /// Merges every parked block into the heap and releases its slots.
     pub(crate) fn flush_parked(&mut self) {
         if self.parked_count == 0 {
@@ -175,7 +213,20 @@ impl Pool {
                 }
             }
             if best.is_some_and(|p| p.unmapped == 0) {
-                break;
+                return best;
+            }
+        }
+        // Every near fit needs new pages: look through all free blocks, inside
+        // them too, for the placement needing the fewest (each costs a remap).
+        for (id, b) in self.heap.fits(size) {
+            let Some((at, unmapped)) = slots.best_window(b.addr, b.end(), size) else {
+                continue;
+            };
+            if best.is_none_or(|p| unmapped < p.unmapped) {
+                best = Some(Placement { id, at, unmapped });
+                if unmapped == 0 {
+                    break;
+                }
             }
         }
         best

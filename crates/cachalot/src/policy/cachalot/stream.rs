@@ -136,7 +136,11 @@ impl StreamState {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
         }
-        self.pools[p].flush_parked();
+        // A miss: merge every parked block back first, so placement (and the
+        // page budget, which counts pages under parked blocks) sees the heap as
+        // if nothing had been parked.
+        self.pools[0].flush_parked();
+        self.pools[1].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
@@ -150,7 +154,6 @@ impl StreamState {
         slots.acquire(span.clone());
         self.peak_in_use = self.peak_in_use.max(self.in_use());
         if place.unmapped > 0 {
-            self.pools[1 - p].flush_parked();
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
                     .slots
@@ -378,8 +381,8 @@ impl StreamState {
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
-        // Small blocks are parked for exact-size reuse: no merge, no index update.
-        if pool.small && pool.slots.is_some() && self.config.threshold.is_none() {
+        // Blocks are parked for exact-size reuse: no merge, no index update.
+        if pool.slots.is_some() && self.config.threshold.is_none() && pool.may_park(id) {
             pool.park(id);
             return;
         }
