@@ -42,9 +42,10 @@
 //! request of exactly their size, with no index update. Small blocks always
 //! park; a large one only when neither neighbour is free or parked (so it is
 //! exactly the hole best fit would see; parked neighbours are merged back
-//! instead). The first miss in either pool merges every parked block back
-//! before placing, so placement on a miss and the page budget see the same heap
-//! as without parking; the ratios above are unchanged by it.
+//! instead). A miss merges every parked block of its pool back before
+//! placing, so placement sees the same heap as without parking; before pages
+//! are mapped the other pool's are merged too, so their pages can be re-mapped.
+//! The ratios above are unchanged by it.
 //!
 //! When no near fit is fully mapped, placement looks through every free block,
 //! at page-aligned windows inside it too, for the one needing the fewest new

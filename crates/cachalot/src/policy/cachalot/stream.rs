@@ -136,16 +136,18 @@ impl StreamState {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
         }
-        // A miss: merge every parked block back first, so placement (and the
-        // page budget, which counts pages under parked blocks) sees the heap as
-        // if nothing had been parked.
-        self.pools[0].flush_parked();
-        self.pools[1].flush_parked();
+        // A miss: merge the pool's parked blocks back first, so placement sees
+        // the heap as if nothing had been parked; the other pool's too before
+        // pages are mapped, so they are free to be re-mapped.
+        self.pools[p].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
         let place = self.pools[p].place(size).ok_or(none)?;
+        if place.unmapped > 0 {
+            self.pools[1 - p].flush_parked();
+        }
         let slots = self.pools[p]
             .slots
             .as_mut()
