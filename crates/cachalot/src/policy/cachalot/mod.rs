@@ -64,7 +64,9 @@
 //! One mutex per stream guards its pools, statistics and pending frees; threads
 //! on different streams never share a lock on the hot path. Shared state is the
 //! stream table (written once per new stream) and the page counter in
-//! `pages`. A free from another thread locks the owning stream. Out of memory
+//! `pages`. Each stream's lock and state sit on cache lines of their own, apart
+//! from the stream ids and ranges other threads read (no false sharing). A free
+//! from another thread locks the owning stream. Out of memory
 //! drops the stream's lock, flushes every stream's cache one lock at a time, and
 //! retries once before reporting [`Error::OutOfMemory`]. `validate` holds off new
 //! streams and locks them all (in table order; nothing else holds two).
