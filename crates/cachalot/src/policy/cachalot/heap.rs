@@ -221,6 +221,12 @@ impl Heap {
         id
     }
 
+    /// The blocks just before and just after `id` in its region.
+    pub(crate) fn neighbours(&self, id: BlockId) -> [Option<BlockId>; 2] {
+        let b = &self.blocks[id as usize];
+        [b.prev, b.next]
+    }
+
     /// Marks an allocated block as waiting for streams.
     pub(crate) fn set_pending(&mut self, id: BlockId) {
         self.blocks[id as usize].state = State::PendingFree;

@@ -30,6 +30,9 @@ const SEGMENT_ROUNDING: u64 = 2 << 20;
 /// pages are already mapped.
 const SCAN: usize = 16;
 
+/// Distinct sizes whose emptied parked lists are kept.
+const MAX_PARKED_SIZES: usize = 4096;
+
 /// Where an allocation goes.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct Placement {
@@ -39,6 +42,14 @@ pub(crate) struct Placement {
     pub(crate) at: u64,
     /// Pages still to map under it.
     pub(crate) unmapped: u64,
+}
+
+/// The parked blocks of one size.
+#[derive(Debug, Default)]
+struct Parked {
+    ids: Vec<BlockId>,
+    /// Whether the size is in `Pool::parked_sizes`.
+    listed: bool,
 }
 
 /// See the module docs.
@@ -51,8 +62,11 @@ pub(crate) struct Pool {
     /// Page slots of the reserved range (virtual memory only, once reserved).
     pub(crate) slots: Option<Slots>,
     range: Option<(u64, u64)>,
-    /// Parked blocks by exact size, most recently freed last.
-    parked: HashMap<u64, Vec<BlockId>, BuildHasherDefault<AddrHasher>>,
+    /// Parked blocks by exact size, most recently freed last. Emptied lists
+    /// are kept, so parking allocates nothing in a steady loop.
+    parked: HashMap<u64, Parked, BuildHasherDefault<AddrHasher>>,
+    /// The sizes whose lists may be non-empty (what a flush visits).
+    parked_sizes: Vec<u64>,
     parked_count: usize,
 }
 
@@ -65,6 +79,7 @@ impl Pool {
             slots: None,
             range: None,
             parked: HashMap::default(),
+            parked_sizes: Vec::new(),
             parked_count: 0,
         }
     }
@@ -73,7 +88,12 @@ impl Pool {
     pub(crate) fn park(&mut self, id: BlockId) {
         self.heap.park(id);
         let size = self.heap.block(id).size;
-        self.parked.entry(size).or_default().push(id);
+        let list = self.parked.entry(size).or_default();
+        if !list.listed {
+            list.listed = true;
+            self.parked_sizes.push(size);
+        }
+        list.ids.push(id);
         self.parked_count += 1;
     }
 
@@ -82,9 +102,47 @@ impl Pool {
         if self.parked_count == 0 {
             return None;
         }
-        let id = self.parked.get_mut(&size)?.pop()?;
+        let id = self.parked.get_mut(&size)?.ids.pop()?;
         self.parked_count -= 1;
         Some(id)
+    }
+
+    /// Whether a freed block of this pool may be parked: small ones always;
+    /// large ones only when no neighbour is free or parked, so a parked large
+    /// block is exactly the hole best fit would see. Parked neighbours of a
+    /// large block that is not parked are merged back first.
+    pub(crate) fn may_park(&mut self, id: BlockId) -> bool {
+        if self.small {
+            return true;
+        }
+        let mut isolated = true;
+        for n in self.heap.neighbours(id).into_iter().flatten() {
+            match self.heap.block(n).state {
+                State::Free => isolated = false,
+                State::Parked => {
+                    isolated = false;
+                    self.unpark_into_heap(n);
+                }
+                _ => {}
+            }
+        }
+        isolated
+    }
+
+    /// Takes one parked block out of its list and merges it into the heap.
+    fn unpark_into_heap(&mut self, id: BlockId) {
+        let b = self.heap.block(id);
+        let (addr, size) = (b.addr, b.size);
+        if let Some(list) = self.parked.get_mut(&size) {
+            if let Some(at) = list.ids.iter().rposition(|i| *i == id) {
+                list.ids.remove(at);
+                self.parked_count -= 1;
+            }
+        }
+        if let Some(slots) = self.slots.as_mut() {
+            slots.release(slots.span(addr, size));
+        }
+        self.heap.release(id);
     }
 
     /// Merges every parked block into the heap and releases its slots.
@@ -92,17 +150,23 @@ impl Pool {
         if self.parked_count == 0 {
             return;
         }
-        for ids in self.parked.values_mut() {
-            for id in ids.drain(..) {
-                let b = self.heap.block(id);
-                let (addr, size) = (b.addr, b.size);
+        for size in self.parked_sizes.drain(..) {
+            let Some(list) = self.parked.get_mut(&size) else {
+                continue;
+            };
+            list.listed = false;
+            for id in list.ids.drain(..) {
+                let addr = self.heap.block(id).addr;
                 if let Some(slots) = self.slots.as_mut() {
                     slots.release(slots.span(addr, size));
                 }
                 self.heap.release(id);
             }
         }
-        self.parked.clear();
+        // Bounded memory with many distinct sizes (varying shapes).
+        if self.parked.len() > MAX_PARKED_SIZES {
+            self.parked.clear();
+        }
         self.parked_count = 0;
     }
 
@@ -116,7 +180,7 @@ impl Pool {
         let size = self.heap.block(id).size;
         self.parked
             .get(&size)
-            .is_some_and(|ids| ids.iter().filter(|i| **i == id).count() == 1)
+            .is_some_and(|list| list.ids.iter().filter(|i| **i == id).count() == 1)
     }
 
     /// The reserved range (base, size), if any.
@@ -175,7 +239,20 @@ impl Pool {
                 }
             }
             if best.is_some_and(|p| p.unmapped == 0) {
-                break;
+                return best;
+            }
+        }
+        // Every near fit needs new pages: look through all free blocks, inside
+        // them too, for the placement needing the fewest (each costs a remap).
+        for (id, b) in self.heap.fits(size) {
+            let Some((at, unmapped)) = slots.best_window(b.addr, b.end(), size) else {
+                continue;
+            };
+            if best.is_none_or(|p| unmapped < p.unmapped) {
+                best = Some(Placement { id, at, unmapped });
+                if unmapped == 0 {
+                    break;
+                }
             }
         }
         best

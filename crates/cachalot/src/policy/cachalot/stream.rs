@@ -136,12 +136,18 @@ impl StreamState {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
         }
+        // A miss: merge the pool's parked blocks back first, so placement sees
+        // the heap as if nothing had been parked; the other pool's too before
+        // pages are mapped, so they are free to be re-mapped.
         self.pools[p].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
         let place = self.pools[p].place(size).ok_or(none)?;
+        if place.unmapped > 0 {
+            self.pools[1 - p].flush_parked();
+        }
         let slots = self.pools[p]
             .slots
             .as_mut()
@@ -150,7 +156,6 @@ impl StreamState {
         slots.acquire(span.clone());
         self.peak_in_use = self.peak_in_use.max(self.in_use());
         if place.unmapped > 0 {
-            self.pools[1 - p].flush_parked();
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
                     .slots
@@ -378,8 +383,8 @@ impl StreamState {
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
-        // Small blocks are parked for exact-size reuse: no merge, no index update.
-        if pool.small && pool.slots.is_some() && self.config.threshold.is_none() {
+        // Blocks are parked for exact-size reuse: no merge, no index update.
+        if pool.slots.is_some() && self.config.threshold.is_none() && pool.may_park(id) {
             pool.park(id);
             return;
         }
