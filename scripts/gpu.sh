@@ -51,7 +51,7 @@ section "3. other helpers' GPU checks"
 # Other helpers' GPU checks: each executable in gpu-bin/checks/ (beside BIN; carry it
 # with its binaries) runs here from the repository root; a non-zero exit fails the run.
 for check in "$(dirname "$bin")"/checks/*; do
-  [ -x "$check" ] || continue
+  [ -f "$check" ] && [ -x "$check" ] || continue
   echo "--- $(basename "$check")"
   "$check" || { status=1; echo "FAILED: $(basename "$check")"; }
 done
@@ -72,6 +72,23 @@ else
   echo "skipped: no gpu_bench binary in $bin"
 fi
 
-section "6. table"
+section "6. PyTorch plug-in: side-stream tests and real models"
+torch_dir="$(dirname "$bin")/torch"
+if [ -f "$torch_dir/libcachalot_torch.so" ]; then
+  for policy in pytorch cachalot; do
+    echo "--- python/test_cachalot_torch.py, policy:$policy"
+    CACHALOT_ALLOC_CONF="policy:$policy" CACHALOT_TORCH_LIB="$torch_dir/libcachalot_torch.so" \
+      python3 "$torch_dir/python/test_cachalot_torch.py" || { status=1; echo "FAILED: plug-in tests ($policy)"; }
+  done
+  if [ "$quick" != --quick ]; then
+    python3 "$torch_dir/scripts/torch_bench.py" --lib "$torch_dir/libcachalot_torch.so" \
+      --steps ${TORCH_STEPS:-20} --warmup 5 --json "$out/torch.json" --markdown "$out/torch.md" || status=1
+  fi
+else
+  echo "skipped: no plug-in in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+fi
+
+section "7. tables"
+[ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
 exit $status

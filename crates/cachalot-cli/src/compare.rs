@@ -10,7 +10,7 @@ use cachalot::replay::ReplayReport;
 use cachalot::AllocatorConfig;
 use serde::Serialize;
 
-use crate::replay::{load, replay_one};
+use crate::replay::{load, print_json, replay_one};
 
 /// The configurations compared: a label and a configuration string.
 const CONFIGS: [(&str, &str); 3] = [
@@ -85,12 +85,8 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
     }
     if args.json {
-        match serde_json::to_string_pretty(&rows) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
+        if !print_json(&rows) {
+            return ExitCode::FAILURE;
         }
     } else {
         print_table(&rows);

@@ -121,6 +121,17 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
         &mut |_| {},
         Some(history.clone()),
     )?;
+    print_first_oom(&report);
+    Ok(Run {
+        dump: SnapshotDump::capture(allocator.as_ref(), Some(&history)),
+        stats: allocator.stats(),
+        report,
+    })
+}
+
+/// Prints, on stderr, how often a replay ran out of memory and the first
+/// out-of-memory report with its breakdown and advice.
+pub(crate) fn print_first_oom(report: &ReplayReport) {
     if let Some(oom) = &report.first_oom {
         eprintln!(
             "the replay ran out of memory {} times (those allocations were skipped); the first time:\n{}",
@@ -128,11 +139,6 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
             cachalot::report::oom::describe(oom)
         );
     }
-    Ok(Run {
-        dump: SnapshotDump::capture(allocator.as_ref(), Some(&history)),
-        stats: allocator.stats(),
-        report,
-    })
 }
 
 /// The recording in `path`: a cachalot JSON snapshot's events, or a trace CSV

@@ -9,6 +9,7 @@ use cachalot::error::format_size;
 use cachalot::replay::{self, Plan, ReplayReport, Workload};
 use cachalot::trace::ReadLimits;
 use cachalot::{AllocatorConfig, PolicyKind};
+use serde::Serialize;
 
 use crate::progress;
 
@@ -64,21 +65,34 @@ pub(crate) fn replay_one(
     report.map_err(|e| e.to_string())
 }
 
+/// Prints `value` as pretty JSON on stdout; on failure prints the error on stderr
+/// and returns false.
+#[must_use]
+pub(crate) fn print_json(value: &impl Serialize) -> bool {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            true
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            false
+        }
+    }
+}
+
 /// Runs the subcommand.
 pub(crate) fn run(args: &Args) -> ExitCode {
     match report(args) {
         Ok(report) => {
             if args.json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(text) => println!("{text}"),
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return ExitCode::FAILURE;
-                    }
+                if !print_json(&report) {
+                    return ExitCode::FAILURE;
                 }
             } else {
                 print_table(&args.trace, &report);
             }
+            crate::input::print_first_oom(&report);
             ExitCode::SUCCESS
         }
         Err(e) => {

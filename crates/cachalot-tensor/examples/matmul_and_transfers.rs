@@ -2,19 +2,14 @@
 //! drops, empty_cache, then 100 host tensors of 4 MiB moved to the GPU. Prints
 //! the checkpoints of PyTorch's own run (data/traces/seed004.native.stats.json.gz).
 
-use cachalot_tensor::{memory, DType, Device, Tensor};
+mod support;
 
-fn checkpoint(label: &str) {
-    println!(
-        "checkpoint\t{label}\t{}\t{}",
-        memory::memory_allocated(0),
-        memory::memory_reserved(0)
-    );
-}
+use cachalot_tensor::{memory, DType, Device, Tensor};
+use support::{checkpoint, print_device};
 
 fn main() -> Result<(), cachalot_tensor::TensorError> {
     let cuda = Device::Cuda(0);
-    println!("device cuda:0 simulated: {}", memory::is_simulated(0)?);
+    print_device()?;
 
     let x = Tensor::randn(&[1000, 1000], DType::F32, cuda)?;
     checkpoint("x=randn(1000,1000)");

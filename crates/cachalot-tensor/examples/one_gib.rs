@@ -6,23 +6,18 @@
 //! simulated one; `CACHALOT_DEVICE=sim` forces the simulation;
 //! `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` switches the allocator mode).
 
+mod support;
+
 use cachalot_tensor::{memory, DType, Device, Tensor};
+use support::{checkpoint, print_device};
 
 /// 256 x 1024 x 1024 f32 = 1 GiB.
 const GIB: [usize; 3] = [256, 1024, 1024];
 
-fn checkpoint(label: &str) {
-    println!(
-        "checkpoint\t{label}\t{}\t{}",
-        memory::memory_allocated(0),
-        memory::memory_reserved(0)
-    );
-}
-
 fn main() -> Result<(), cachalot_tensor::TensorError> {
     let cuda = Device::Cuda(0);
     let zeros = |device| Tensor::zeros(&GIB, DType::F32, device);
-    println!("device cuda:0 simulated: {}", memory::is_simulated(0)?);
+    print_device()?;
 
     let a = zeros(cuda)?;
     checkpoint("a=zeros cuda");

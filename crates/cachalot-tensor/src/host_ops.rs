@@ -41,23 +41,63 @@ pub(crate) fn fill(dtype: DType, out: &mut [u8], value: f64) {
     }
 }
 
-/// `out[i] = a[i] op b[i]`.
-pub(crate) fn binary(op: BinaryOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
-    let w = dtype.size();
-    for ((o, x), y) in out
-        .chunks_exact_mut(w)
-        .zip(a.chunks_exact(w))
-        .zip(b.chunks_exact(w))
-    {
-        dtype.encode(op.apply(dtype.decode(x), dtype.decode(y)), o);
+/// The second operand of an elementwise operation: another operand's elements
+/// (`T` says where they are), or one number for every element.
+#[derive(Copy, Clone, Debug)]
+pub(crate) enum Rhs<T> {
+    /// `a[i] op b[i]`.
+    Each(T),
+    /// `a[i] op s`.
+    Scalar(f64),
+}
+
+impl<T> Rhs<T> {
+    /// The same operand with its elements found through `f` (a scalar stays as it is).
+    pub(crate) fn try_map<U, E>(self, f: impl FnOnce(T) -> Result<U, E>) -> Result<Rhs<U>, E> {
+        Ok(match self {
+            Rhs::Each(b) => Rhs::Each(f(b)?),
+            Rhs::Scalar(s) => Rhs::Scalar(s),
+        })
+    }
+
+    /// As [`Rhs::try_map`], for an `f` that cannot fail.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Rhs<U> {
+        match self {
+            Rhs::Each(b) => Rhs::Each(f(b)),
+            Rhs::Scalar(s) => Rhs::Scalar(s),
+        }
+    }
+
+    /// The operand, borrowed.
+    pub(crate) fn borrowed(&self) -> Rhs<&T> {
+        match self {
+            Rhs::Each(b) => Rhs::Each(b),
+            Rhs::Scalar(s) => Rhs::Scalar(*s),
+        }
     }
 }
 
-/// `out[i] = a[i] op s`.
-pub(crate) fn scalar(op: BinaryOp, dtype: DType, out: &mut [u8], a: &[u8], s: f64) {
+/// `out[i] = a[i] op b[i]` or `out[i] = a[i] op s`.
+pub(crate) fn elementwise(
+    op: BinaryOp,
+    dtype: DType,
+    out: &mut [u8],
+    a: &[u8],
+    rhs: Rhs<impl AsRef<[u8]>>,
+) {
     let w = dtype.size();
-    for (o, x) in out.chunks_exact_mut(w).zip(a.chunks_exact(w)) {
-        dtype.encode(op.apply(dtype.decode(x), s), o);
+    let outs = out.chunks_exact_mut(w).zip(a.chunks_exact(w));
+    match rhs {
+        Rhs::Each(b) => {
+            for ((o, x), y) in outs.zip(b.as_ref().chunks_exact(w)) {
+                dtype.encode(op.apply(dtype.decode(x), dtype.decode(y)), o);
+            }
+        }
+        Rhs::Scalar(s) => {
+            for (o, x) in outs {
+                dtype.encode(op.apply(dtype.decode(x), s), o);
+            }
+        }
     }
 }
 
@@ -148,9 +188,15 @@ mod tests {
     fn binary_and_scalar_ops() {
         let (a, b) = (f32s(&[1.0, 2.0]), f32s(&[3.0, 4.0]));
         let mut out = vec![0u8; 8];
-        binary(BinaryOp::Mul, DType::F32, &mut out, &a, &b);
+        elementwise(BinaryOp::Mul, DType::F32, &mut out, &a, Rhs::Each(&b));
         assert_eq!(back(&out), vec![3.0, 8.0]);
-        scalar(BinaryOp::Add, DType::F32, &mut out, &a, 0.5);
+        elementwise(
+            BinaryOp::Add,
+            DType::F32,
+            &mut out,
+            &a,
+            Rhs::<&[u8]>::Scalar(0.5),
+        );
         assert_eq!(back(&out), vec![1.5, 2.5]);
     }
 

@@ -7,7 +7,7 @@ use std::panic::Location;
 
 use crate::engine::{cuda_stream, Engine};
 use crate::error::{Result, TensorError};
-use crate::host_ops::{self, BinaryOp};
+use crate::host_ops::{self, BinaryOp, Rhs};
 use crate::layout::Layout;
 use crate::stream::current_raw;
 use crate::tensor::Tensor;
@@ -51,7 +51,7 @@ impl Tensor {
     /// [`TensorError::ShapeMismatch`], [`TensorError::OutOfMemory`].
     #[track_caller]
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        self.binary(BinaryOp::Add, other, Location::caller())
+        self.elementwise(BinaryOp::Add, Rhs::Each(other), Location::caller())
     }
 
     /// `self * other`, elementwise.
@@ -60,7 +60,7 @@ impl Tensor {
     /// As [`Tensor::add`].
     #[track_caller]
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        self.binary(BinaryOp::Mul, other, Location::caller())
+        self.elementwise(BinaryOp::Mul, Rhs::Each(other), Location::caller())
     }
 
     /// `self + value`.
@@ -69,7 +69,7 @@ impl Tensor {
     /// [`TensorError::OutOfMemory`].
     #[track_caller]
     pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
-        self.scalar(BinaryOp::Add, value, Location::caller())
+        self.elementwise(BinaryOp::Add, Rhs::Scalar(value), Location::caller())
     }
 
     /// `self * value`.
@@ -78,7 +78,7 @@ impl Tensor {
     /// [`TensorError::OutOfMemory`].
     #[track_caller]
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
-        self.scalar(BinaryOp::Mul, value, Location::caller())
+        self.elementwise(BinaryOp::Mul, Rhs::Scalar(value), Location::caller())
     }
 
     /// `self += other`, in place (`tensor.add_(other)`): the storage is kept, so the
@@ -112,56 +112,47 @@ impl Tensor {
             Some((ctx, _)) => {
                 let s = current_raw(ctx);
                 let o = self.data_ptr();
+                let rhs = Rhs::Each(b.data_ptr());
                 ctx.engine
-                    .binary(op, self.dtype, o, o, b.data_ptr(), self.numel(), &s)
+                    .elementwise(op, self.dtype, o, o, rhs, self.numel(), &s)
             }
             None => {
                 let (x, y) = (self.host_bytes()?, b.host_bytes()?);
                 let start = self.layout.offset() * self.dtype.size();
                 let len = x.len();
                 write_host(self, |o| {
-                    host_ops::binary(op, self.dtype, &mut o[start..start + len], &x, &y)
+                    let out = &mut o[start..start + len];
+                    host_ops::elementwise(op, self.dtype, out, &x, Rhs::Each(&y))
                 });
                 Ok(())
             }
         }
     }
 
-    fn binary(
+    fn elementwise(
         &self,
         op: BinaryOp,
-        other: &Tensor,
+        rhs: Rhs<&Tensor>,
         at: &'static Location<'static>,
     ) -> Result<Tensor> {
-        same_device(self, other)?;
-        same_dtype(self, other)?;
-        same_shape(self, other)?;
-        let (a, b) = (self.contiguous()?, other.contiguous()?);
-        let (out, stream) = Tensor::alloc(a.sizes(), a.dtype, a.device, at)?;
-        match (out.storage.device_ptr(), stream) {
-            (Some((ctx, o)), Some(s)) => {
-                ctx.engine
-                    .binary(op, a.dtype, o, a.data_ptr(), b.data_ptr(), a.numel(), &s)?
-            }
-            _ => {
-                let (x, y) = (a.host_bytes()?, b.host_bytes()?);
-                write_host(&out, |o| host_ops::binary(op, a.dtype, o, &x, &y));
-            }
+        if let Rhs::Each(other) = rhs {
+            same_device(self, other)?;
+            same_dtype(self, other)?;
+            same_shape(self, other)?;
         }
-        Ok(out)
-    }
-
-    fn scalar(&self, op: BinaryOp, value: f64, at: &'static Location<'static>) -> Result<Tensor> {
         let a = self.contiguous()?;
+        let rhs = rhs.try_map(Tensor::contiguous)?;
         let (out, stream) = Tensor::alloc(a.sizes(), a.dtype, a.device, at)?;
         match (out.storage.device_ptr(), stream) {
             (Some((ctx, o)), Some(s)) => {
+                let rhs = rhs.borrowed().map(Tensor::data_ptr);
                 ctx.engine
-                    .scalar(op, a.dtype, o, a.data_ptr(), value, a.numel(), &s)?
+                    .elementwise(op, a.dtype, o, a.data_ptr(), rhs, a.numel(), &s)?
             }
             _ => {
                 let x = a.host_bytes()?;
-                write_host(&out, |o| host_ops::scalar(op, a.dtype, o, &x, value));
+                let y = rhs.borrowed().try_map(Tensor::host_bytes)?;
+                write_host(&out, |o| host_ops::elementwise(op, a.dtype, o, &x, y));
             }
         }
         Ok(out)

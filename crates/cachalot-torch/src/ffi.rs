@@ -12,9 +12,9 @@
 //! call fail with the parser's message.
 
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use cachalot::{AllocatorConfig, StreamId};
+use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
 
 use crate::context::ContextRestore;
 use crate::error::{self, PluginError, PluginResult};
@@ -48,6 +48,18 @@ fn keep_context(registry: &Registry) -> Option<ContextRestore> {
         .flatten()
 }
 
+/// Runs `f` on the registry with the caller's CUDA context kept (see [`keep_context`]).
+fn keeping_context<T>(f: impl FnOnce(&Registry) -> PluginResult<T>) -> PluginResult<T> {
+    let registry = registry()?;
+    let _context = keep_context(registry);
+    f(registry)
+}
+
+/// `device`'s allocator, opened on first use.
+fn allocator(device: c_int) -> PluginResult<&'static Arc<dyn DeviceAllocator>> {
+    registry()?.device(i64::from(device))
+}
+
 fn stream_id(stream: *mut c_void) -> StreamId {
     StreamId(stream.addr() as u64)
 }
@@ -79,9 +91,7 @@ pub extern "C" fn cachalot_alloc(size: isize, device: c_int, stream: *mut c_void
 pub extern "C" fn cachalot_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     let _ = (size, stream);
     guard((), || {
-        let registry = registry()?;
-        let _context = keep_context(registry);
-        registry.free(ptr.addr() as u64, i64::from(device))
+        keeping_context(|registry| registry.free(ptr.addr() as u64, i64::from(device)))
     });
 }
 
@@ -90,9 +100,7 @@ pub extern "C" fn cachalot_free(ptr: *mut c_void, size: isize, device: c_int, st
 #[no_mangle]
 pub extern "C" fn cachalot_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     guard((), || {
-        let registry = registry()?;
-        let _context = keep_context(registry);
-        registry.record_stream(ptr.addr() as u64, stream_id(stream))
+        keeping_context(|registry| registry.record_stream(ptr.addr() as u64, stream_id(stream)))
     });
 }
 
@@ -100,22 +108,16 @@ pub extern "C" fn cachalot_record_stream(ptr: *mut c_void, stream: *mut c_void) 
 /// unused memory to the driver.
 #[no_mangle]
 pub extern "C" fn cachalot_empty_cache() {
-    guard((), || {
-        let registry = registry()?;
-        let _context = keep_context(registry);
-        registry.empty_cache()
-    });
+    guard((), || keeping_context(Registry::empty_cache));
 }
 
 /// PyTorch's memory-fraction hook (`set_memory_fraction_fn`).
 #[no_mangle]
 pub extern "C" fn cachalot_set_memory_fraction(fraction: c_double, device: c_int) {
+    // Opening the device (on first use) makes its context current: the saved
+    // context is only there when another device was open before.
     guard((), || {
-        let registry = registry()?;
-        let _context = keep_context(registry);
-        // Opening the device (on first use) makes its context current: the saved
-        // context is only there when another device was open before.
-        registry.set_memory_fraction(fraction, i64::from(device))
+        keeping_context(|registry| registry.set_memory_fraction(fraction, i64::from(device)))
     });
 }
 
@@ -149,31 +151,20 @@ pub extern "C" fn cachalot_config() -> *mut c_char {
 /// `reset_peak_memory_stats(device)`. Returns 0, or -1 on failure.
 #[no_mangle]
 pub extern "C" fn cachalot_reset_peak_stats(device: c_int) -> c_int {
-    status(|| {
-        registry()?
-            .device(i64::from(device))
-            .map(|a| a.reset_peak_stats())
-    })
+    status(|| allocator(device).map(|a| a.reset_peak_stats()))
 }
 
 /// `reset_accumulated_memory_stats(device)`. Returns 0, or -1 on failure.
 #[no_mangle]
 pub extern "C" fn cachalot_reset_accumulated_stats(device: c_int) -> c_int {
-    status(|| {
-        registry()?
-            .device(i64::from(device))
-            .map(|a| a.reset_accumulated_stats())
-    })
+    status(|| allocator(device).map(|a| a.reset_accumulated_stats()))
 }
 
 /// Checks every invariant of `device`'s allocator. Returns 0, or -1 with the
 /// violation in [`cachalot_last_error`].
 #[no_mangle]
 pub extern "C" fn cachalot_validate(device: c_int) -> c_int {
-    status(|| {
-        let allocator = registry()?.device(i64::from(device))?;
-        Ok(allocator.validate()?)
-    })
+    status(|| Ok(allocator(device)?.validate()?))
 }
 
 /// Starts (`enabled` non-zero) or stops history recording on every device, keeping

@@ -97,3 +97,44 @@ fn segments_without_virtual_memory_mostly_beat_pytorch_native() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Driver calls (map, unmap, page create/release) of a second pass of `name`
+/// on a warm allocator, after a first pass whose leftovers were freed.
+fn second_pass_calls(name: &str) -> (u64, u64) {
+    let sim = Arc::new(SimBackend::with_options(85_017_493_504, true));
+    let config = AllocatorConfig::parse("policy:cachalot").expect("a valid config");
+    let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
+    let ops = trace::load(name);
+    let mut calls = [0; 2];
+    for pass in &mut calls {
+        let before = sim.counters().memory_calls();
+        let mut live = std::collections::HashMap::new();
+        for op in &ops {
+            if op.alloc {
+                let ptr = alloc.malloc(op.size, cachalot::StreamId(0)).expect("fits");
+                live.insert(op.addr, ptr);
+            } else if let Some(ptr) = live.remove(&op.addr) {
+                alloc.free(ptr).expect("live");
+            }
+        }
+        for ptr in live.into_values() {
+            alloc.free(ptr).expect("live");
+        }
+        *pass = sim.counters().memory_calls() - before;
+    }
+    alloc.validate().expect("invariants hold");
+    (calls[0], calls[1])
+}
+
+#[test]
+fn a_second_pass_of_bert_is_served_from_mapped_pages() {
+    for name in trace::TRACES {
+        let (first, second) = second_pass_calls(name);
+        println!("{name}: driver calls first pass {first}, second pass {second}");
+    }
+    let (_, second) = second_pass_calls("bert_dynamic");
+    assert!(
+        second <= 1850,
+        "bert's second pass made {second} driver calls"
+    );
+}

@@ -39,3 +39,9 @@ conformance_suite!(sim_novm_pytorch_roundup_4, || sim(
     false,
     "roundup_power2_divisions:4"
 ));
+conformance_suite!(sim_vm_cachalot, || sim(true, "policy:cachalot"));
+conformance_suite!(sim_vm_cachalot_tight, || sim(
+    true,
+    "policy:cachalot,cachalot_reuse_slack:0"
+));
+conformance_suite!(sim_novm_cachalot, || sim(false, "policy:cachalot"));

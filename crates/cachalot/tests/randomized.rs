@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cachalot::backend::sim::{Fault, SimBackend};
 use cachalot::backend::CallKind;
-use cachalot::{AllocatorConfig, DeviceAllocator, Error, PytorchAllocator, StreamId};
+use cachalot::{AllocatorConfig, Error, StreamId};
 
 /// splitmix64: a tiny deterministic generator.
 struct Rng(u64);
@@ -47,7 +47,8 @@ const FAULT_KINDS: [CallKind; 7] = [
 fn run(seed: u64, conf: &str, ops: usize) {
     let sim = Arc::new(SimBackend::new(3 << 30));
     sim.set_manual_events(true);
-    let alloc = PytorchAllocator::new(sim.clone(), AllocatorConfig::parse(conf).unwrap()).unwrap();
+    let alloc =
+        cachalot::allocator::create(sim.clone(), AllocatorConfig::parse(conf).unwrap()).unwrap();
     let mut rng = Rng(seed);
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut ooms, mut faults) = (0, 0);
@@ -178,4 +179,14 @@ fn random_ops_many_seeds() {
             1500,
         );
     }
+}
+
+#[test]
+fn random_ops_cachalot() {
+    run(5, "policy:cachalot", 4000);
+    run(
+        6,
+        "policy:cachalot,cachalot_reuse_slack:0,cachalot_release_threshold_mb:16",
+        4000,
+    );
 }

@@ -3,22 +3,14 @@
 //! PyTorch's recorded peak reserved and peak requested bytes, its number of device
 //! allocations, and the same device segment sizes in the same order.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 
 use cachalot::replay::{plan, replay, ReplayReport, Workload};
 use cachalot::trace::ReadLimits;
 use cachalot::AllocatorConfig;
-
-fn recordings(suffix: &str) -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("data/traces exists")
-        .map(|e| e.expect("readable directory").path())
-        .filter(|p| p.to_string_lossy().ends_with(suffix))
-        .collect();
-    out.sort();
-    out
-}
+use support::recordings::recordings;
 
 /// Replays one recording and returns every mismatch with PyTorch's numbers.
 fn mismatches(path: &Path) -> Vec<String> {

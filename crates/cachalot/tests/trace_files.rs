@@ -1,28 +1,17 @@
 //! The readers on every bundled recording: each file reads, and a snapshot's events
 //! are exactly those of the trace CSV recorded in the same run.
 
+mod support;
+
 use std::path::PathBuf;
 
 use cachalot::trace::{read_recording_path, stats::read_stats_path, ReadLimits};
-
-fn traces_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/traces")
-}
-
-fn files(suffix: &str) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(traces_dir())
-        .expect("data/traces exists")
-        .map(|e| e.expect("readable directory").path())
-        .filter(|p| p.to_string_lossy().ends_with(suffix))
-        .collect();
-    out.sort();
-    out
-}
+use support::recordings::recordings;
 
 #[test]
 fn every_trace_and_stats_file_reads() {
     let limits = ReadLimits::default();
-    let traces = files(".trace.csv.gz");
+    let traces = recordings(".trace.csv.gz");
     assert!(traces.len() >= 11, "bundled traces missing");
     for trace in traces {
         let rec = read_recording_path(&trace, &limits)
@@ -42,7 +31,7 @@ fn every_trace_and_stats_file_reads() {
 #[test]
 fn snapshots_hold_the_same_events_as_their_csv() {
     let limits = ReadLimits::default();
-    let snapshots = files(".snapshot.pickle.gz");
+    let snapshots = recordings(".snapshot.pickle.gz");
     assert_eq!(snapshots.len(), 2);
     for snap in snapshots {
         let rec = read_recording_path(&snap, &limits)

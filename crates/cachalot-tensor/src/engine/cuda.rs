@@ -18,7 +18,7 @@ use cudarc::driver::{
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::host_ops::BinaryOp;
+use crate::host_ops::{BinaryOp, Rhs};
 use crate::layout::Layout;
 
 const KERNELS: &str = include_str!("kernels.cu");
@@ -261,46 +261,35 @@ impl CudaEngine {
             .map_err(|e| TensorError::driver("fill kernel", e))
     }
 
+    /// `out = a op rhs` over `n` elements of `dtype` (kernel `binary_*` or `scalar_*`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn binary(
+    pub(crate) fn elementwise(
         &self,
         op: BinaryOp,
         dtype: DType,
         out: DevicePtr,
         a: DevicePtr,
-        b: DevicePtr,
+        rhs: Rhs<DevicePtr>,
         n: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        let f = self.function(&format!("binary_{}", kernel_suffix(dtype)))?;
+        let (family, what) = match rhs {
+            Rhs::Each(_) => ("binary", "binary kernel"),
+            Rhs::Scalar(_) => ("scalar", "scalar kernel"),
+        };
+        let f = self.function(&format!("{family}_{}", kernel_suffix(dtype)))?;
         let (n64, code) = (n as u64, op.code());
         let mut l = stream.launch_builder(&f);
-        l.arg(&out).arg(&a).arg(&b).arg(&n64).arg(&code);
-        // SAFETY: out, a and b each hold n contiguous elements of dtype.
+        l.arg(&out).arg(&a);
+        match &rhs {
+            Rhs::Each(b) => l.arg(b),
+            Rhs::Scalar(s) => l.arg(s),
+        };
+        l.arg(&n64).arg(&code);
+        // SAFETY: out, a and (for Each) b each hold n contiguous elements of dtype.
         unsafe { l.launch(grid(n)) }
             .map(drop)
-            .map_err(|e| TensorError::driver("binary kernel", e))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn scalar(
-        &self,
-        op: BinaryOp,
-        dtype: DType,
-        out: DevicePtr,
-        a: DevicePtr,
-        s: f64,
-        n: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let f = self.function(&format!("scalar_{}", kernel_suffix(dtype)))?;
-        let (n64, code) = (n as u64, op.code());
-        let mut l = stream.launch_builder(&f);
-        l.arg(&out).arg(&a).arg(&s).arg(&n64).arg(&code);
-        // SAFETY: out and a each hold n contiguous elements of dtype.
-        unsafe { l.launch(grid(n)) }
-            .map(drop)
-            .map_err(|e| TensorError::driver("scalar kernel", e))
+            .map_err(|e| TensorError::driver(what, e))
     }
 
     /// Gathers a strided view of up to 4 dimensions into contiguous `out`.

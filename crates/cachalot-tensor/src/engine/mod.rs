@@ -14,7 +14,7 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::host_ops::BinaryOp;
+use crate::host_ops::{BinaryOp, Rhs};
 use crate::layout::Layout;
 use cuda::CudaEngine;
 use sim::SimEngine;
@@ -157,40 +157,21 @@ impl Engine {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn binary(
+    pub(crate) fn elementwise(
         &self,
         op: BinaryOp,
         dtype: DType,
         out: DevicePtr,
         a: DevicePtr,
-        b: DevicePtr,
+        rhs: Rhs<DevicePtr>,
         n: usize,
         stream: &RawStream,
     ) -> Result<()> {
         dispatch!(
             self,
             stream,
-            |e| e.binary(op, dtype, out, a, b, n),
-            |e, s| e.binary(op, dtype, out, a, b, n, s)
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn scalar(
-        &self,
-        op: BinaryOp,
-        dtype: DType,
-        out: DevicePtr,
-        a: DevicePtr,
-        v: f64,
-        n: usize,
-        stream: &RawStream,
-    ) -> Result<()> {
-        dispatch!(
-            self,
-            stream,
-            |e| e.scalar(op, dtype, out, a, v, n),
-            |e, s| e.scalar(op, dtype, out, a, v, n, s)
+            |e| e.elementwise(op, dtype, out, a, rhs, n),
+            |e, s| e.elementwise(op, dtype, out, a, rhs, n, s)
         )
     }
 

@@ -15,7 +15,7 @@ use cachalot::{DevicePtr, StreamId};
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::host_ops::{self, BinaryOp, HostRng};
+use crate::host_ops::{self, BinaryOp, HostRng, Rhs};
 use crate::layout::Layout;
 
 #[derive(Debug)]
@@ -136,31 +136,20 @@ impl SimEngine {
         self.write(dst, &data)
     }
 
-    pub(crate) fn binary(
+    /// `out = a op rhs` over `n` elements of `dtype`.
+    pub(crate) fn elementwise(
         &self,
         op: BinaryOp,
         dtype: DType,
         out: DevicePtr,
         a: DevicePtr,
-        b: DevicePtr,
+        rhs: Rhs<DevicePtr>,
         n: usize,
     ) -> Result<()> {
         let len = n * dtype.size();
-        let (x, y) = (self.read_vec(a, len)?, self.read_vec(b, len)?);
-        self.with_range(out, len, |o| host_ops::binary(op, dtype, o, &x, &y))
-    }
-
-    pub(crate) fn scalar(
-        &self,
-        op: BinaryOp,
-        dtype: DType,
-        out: DevicePtr,
-        a: DevicePtr,
-        s: f64,
-        n: usize,
-    ) -> Result<()> {
-        let x = self.read_vec(a, n * dtype.size())?;
-        self.with_range(out, x.len(), |o| host_ops::scalar(op, dtype, o, &x, s))
+        let x = self.read_vec(a, len)?;
+        let y = rhs.try_map(|b| self.read_vec(b, len))?;
+        self.with_range(out, len, |o| host_ops::elementwise(op, dtype, o, &x, y))
     }
 
     /// Reads the storage span a layout touches (from its base) into a vector.

@@ -145,44 +145,35 @@ pub fn advice(report: &OomReport) -> Vec<Advice> {
 pub fn describe(report: &OomReport) -> String {
     let mut out = format!("{report}\n");
     let b = &report.breakdown;
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "  requested:                   {}",
-        format_size(report.requested)
-    );
-    let _ = writeln!(
-        out,
-        "  reserved:                    {} in {} segments",
-        format_size(report.reserved),
-        b.segments
-    );
-    let _ = writeln!(
-        out,
-        "  allocated:                   {}",
-        format_size(report.allocated)
-    );
-    let _ = writeln!(
-        out,
-        "  reserved but unallocated:    {}",
-        format_size(report.reserved_unallocated())
-    );
-    let _ = writeln!(
-        out,
-        "  of which non-releasable:     {}",
-        format_size(b.inactive_split_bytes)
-    );
-    let _ = writeln!(
-        out,
-        "  largest free block:          {}",
-        format_size(b.largest_free_block)
-    );
     let config = if report.config.is_empty() {
         "(defaults)"
     } else {
         report.config.as_str()
     };
-    let _ = writeln!(out, "  configuration:               {config}");
+    let reserved = format!(
+        "{} in {} segments",
+        format_size(report.reserved),
+        b.segments
+    );
+    let rows = [
+        ("requested:", format_size(report.requested)),
+        ("reserved:", reserved),
+        ("allocated:", format_size(report.allocated)),
+        (
+            "reserved but unallocated:",
+            format_size(report.reserved_unallocated()),
+        ),
+        (
+            "of which non-releasable:",
+            format_size(b.inactive_split_bytes),
+        ),
+        ("largest free block:", format_size(b.largest_free_block)),
+        ("configuration:", config.to_string()),
+    ];
+    // Writing to a String cannot fail.
+    for (label, value) in rows {
+        let _ = writeln!(out, "  {label:<29}{value}");
+    }
     if !b.live_by_size.is_empty() {
         let _ = writeln!(out, "  live allocations by size:");
         for bucket in &b.live_by_size {

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{create, read_all, SnapshotDump, SnapshotIoError, TraceRecord};
+use super::{read_all, write_path, SnapshotDump, SnapshotIoError, TraceRecord};
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
 use crate::event::{Action, TraceEvent};
@@ -84,10 +84,7 @@ struct Header {
 /// # Errors
 /// I/O errors.
 pub fn write_file(dump: &SnapshotDump, path: &Path) -> Result<(), SnapshotIoError> {
-    let mut out = create(path)?;
-    write(dump, &mut out)?;
-    out.flush()?;
-    Ok(())
+    write_path(path, |out| write(dump, out))
 }
 
 /// Writes `dump` as JSON to `out`.

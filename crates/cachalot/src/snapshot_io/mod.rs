@@ -133,14 +133,21 @@ impl SnapshotDump {
     }
 }
 
-/// Opens `path` for writing, gzip-compressed when its name ends in `.gz`.
-fn create(path: &Path) -> Result<Box<dyn Write>, SnapshotIoError> {
+/// Creates `path` and fills it with `write`, gzip-compressed when its name ends
+/// in `.gz`.
+fn write_path(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> Result<(), SnapshotIoError>,
+) -> Result<(), SnapshotIoError> {
     let file = BufWriter::new(File::create(path)?);
-    if path.extension().is_some_and(|e| e == "gz") {
-        Ok(Box::new(GzEncoder::new(file, Compression::default())))
+    let mut out: Box<dyn Write> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(GzEncoder::new(file, Compression::default()))
     } else {
-        Ok(Box::new(file))
-    }
+        Box::new(file)
+    };
+    write(&mut out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Reads all of `path`, decompressing gzip (recognised by its magic bytes).

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde_pickle::{HashableValue, SerOptions, Value};
 
-use super::{create, SnapshotDump, SnapshotIoError};
+use super::{write_path, SnapshotDump, SnapshotIoError};
 use crate::config::{AllocatorConfig, ROUNDUP_BUCKETS};
 use crate::event::Action;
 use crate::history::Frame;
@@ -26,10 +26,7 @@ use crate::snapshot::{BlockInfo, SegmentInfo};
 /// # Errors
 /// I/O errors, or a value too large for a Python int of the writer.
 pub fn write_file(dump: &SnapshotDump, path: &Path) -> Result<(), SnapshotIoError> {
-    let mut out = create(path)?;
-    write(dump, &mut out)?;
-    out.flush()?;
-    Ok(())
+    write_path(path, |out| write(dump, out))
 }
 
 /// Writes `dump` as a pickle to `out`.

@@ -10,6 +10,16 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::event::{action_bit, wanted_actions, Action, Observer, TraceEvent};
 use crate::stats::MemoryStats;
 
+/// Pages mapped or unmapped one after another at contiguous addresses, reported
+/// as one range (one event and one device call count), as PyTorch reports a map
+/// of several pages.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Batch {
+    action: Action,
+    addr: DevicePtr,
+    bytes: u64,
+}
+
 /// See the module docs.
 pub(crate) struct Ledger {
     /// The statistics of this stream's pools.
@@ -21,6 +31,7 @@ pub(crate) struct Ledger {
     wanted: u16,
     start: Instant,
     stream: StreamId,
+    batch: Option<Batch>,
 }
 
 impl fmt::Debug for Ledger {
@@ -42,6 +53,7 @@ impl Ledger {
             wanted: 0,
             start,
             stream,
+            batch: None,
         }
     }
 
@@ -119,8 +131,7 @@ impl Ledger {
         let s = &mut self.stats;
         s.reserved_bytes.update(small, bytes as i64);
         s.segment.update(small, runs);
-        s.num_device_alloc += 1;
-        self.emit(Action::SegmentMap, addr, bytes);
+        self.batch(Action::SegmentMap, addr, bytes);
     }
 
     /// A page of `bytes` at `addr` was unmapped.
@@ -128,8 +139,33 @@ impl Ledger {
         let s = &mut self.stats;
         s.reserved_bytes.update(small, -(bytes as i64));
         s.segment.update(small, runs);
-        s.num_device_free += 1;
-        self.emit(Action::SegmentUnmap, addr, bytes);
+        self.batch(Action::SegmentUnmap, addr, bytes);
+    }
+
+    /// Extends the pending range, or reports it and starts another.
+    fn batch(&mut self, action: Action, addr: DevicePtr, bytes: u64) {
+        match &mut self.batch {
+            Some(b) if b.action == action && b.addr + b.bytes == addr => b.bytes += bytes,
+            _ => {
+                self.flush();
+                self.batch = Some(Batch {
+                    action,
+                    addr,
+                    bytes,
+                });
+            }
+        }
+    }
+
+    /// Reports the pending mapped or unmapped range; every operation ends with it.
+    pub(crate) fn flush(&mut self) {
+        let Some(b) = self.batch.take() else { return };
+        if b.action == Action::SegmentMap {
+            self.stats.num_device_alloc += 1;
+        } else {
+            self.stats.num_device_free += 1;
+        }
+        self.emit(b.action, b.addr, b.bytes);
     }
 
     /// A device segment was allocated.
@@ -207,6 +243,7 @@ mod tests {
         );
         l.free_completed(false, 0, 4096, 4000);
         l.unmapped(false, 0, 2 << 20, -1);
+        l.flush();
         let s = &l.stats;
         assert_eq!(
             (
@@ -218,5 +255,24 @@ mod tests {
         );
         assert_eq!((s.num_device_alloc, s.num_device_free), (1, 1));
         assert_eq!(log.0.lock().unwrap().len(), 5);
+    }
+
+    #[test]
+    fn contiguous_pages_are_one_range() {
+        let mut l = Ledger::new(MemoryStats::new(None), StreamId(0), Instant::now());
+        for i in 0..3 {
+            l.mapped(false, i * (2 << 20), 2 << 20, i64::from(i == 0));
+        }
+        l.mapped(false, 100 << 20, 2 << 20, 1);
+        l.unmapped(false, 100 << 20, 2 << 20, -1);
+        let s = &l.stats;
+        assert_eq!(
+            (s.num_device_alloc, s.num_device_free),
+            (2, 0),
+            "the unmap is pending"
+        );
+        l.flush();
+        assert_eq!((l.stats.num_device_alloc, l.stats.num_device_free), (2, 1));
+        assert_eq!(l.stats.reserved_bytes.all.current, 6 << 20);
     }
 }

@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
 
@@ -18,6 +18,8 @@ pub(crate) struct Pages {
     limit: AtomicU64,
     /// Bytes held now in pages and segments.
     held: AtomicU64,
+    /// Unmapped pages whose release failed; retried by [`Pages::retry_orphans`].
+    orphans: Mutex<Vec<PageHandle>>,
 }
 
 impl fmt::Debug for Pages {
@@ -38,6 +40,7 @@ impl Pages {
             granularity,
             limit: AtomicU64::new(u64::MAX),
             held: AtomicU64::new(0),
+            orphans: Mutex::new(Vec::new()),
         }
     }
 
@@ -92,11 +95,42 @@ impl Pages {
             .inspect_err(|_| self.refund(self.granularity))
     }
 
-    /// Releases one unmapped page.
+    /// Releases one unmapped page; a page the backend refuses is kept as an
+    /// orphan and retried later.
     pub(crate) fn release_page(&self, page: PageHandle) -> BackendResult<()> {
-        self.backend.release_page(page)?;
+        if let Err(e) = self.backend.release_page(page) {
+            self.lock_orphans().push(page);
+            return Err(e);
+        }
         self.refund(self.granularity);
         Ok(())
+    }
+
+    fn lock_orphans(&self) -> std::sync::MutexGuard<'_, Vec<PageHandle>> {
+        self.orphans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tries again to release the orphaned pages.
+    pub(crate) fn retry_orphans(&self) -> BackendResult<()> {
+        let mut orphans = self.lock_orphans();
+        let mut result = Ok(());
+        orphans.retain(|page| match self.backend.release_page(*page) {
+            Ok(()) => {
+                self.refund(self.granularity);
+                false
+            }
+            Err(e) => {
+                result = Err(e);
+                true
+            }
+        });
+        result
+    }
+
+    /// Bytes held from the device, less those in orphaned pages (read together).
+    pub(crate) fn held_in_use(&self) -> u64 {
+        let orphans = self.lock_orphans();
+        self.held() - orphans.len() as u64 * self.granularity
     }
 
     /// Allocates a segment.

@@ -91,6 +91,33 @@ impl Slots {
         (known.iter().filter(|s| s.page.is_none()).count() + beyond) as u64
     }
 
+    /// The page-aligned start in `[lo, hi - size]` whose `size` bytes need the
+    /// fewest new pages, with that count; the lowest such start on ties. Only
+    /// starts whose window begins among the known slots are looked at.
+    pub(crate) fn best_window(&self, lo: u64, hi: u64, size: u64) -> Option<(u64, u64)> {
+        let g = self.granularity;
+        let first = (lo - self.base).div_ceil(g);
+        let last = hi.checked_sub(size)?.checked_sub(self.base)? / g;
+        let last = last.min(self.slots.len() as u64);
+        if first > last {
+            return None;
+        }
+        let k = size.div_ceil(g);
+        let unmapped = |s: u64| u64::from(self.get(s as u32).page.is_none());
+        let mut count: u64 = (first..first + k).map(unmapped).sum();
+        let mut best = (first, count);
+        for s in first + 1..=last {
+            count = count + unmapped(s + k - 1) - unmapped(s - 1);
+            if count < best.1 {
+                best = (s, count);
+                if count == 0 {
+                    break;
+                }
+            }
+        }
+        Some((self.base + best.0 * g, best.1))
+    }
+
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         if span.end as usize > self.slots.len() {

@@ -31,6 +31,9 @@ struct Pending {
     pool: usize,
     id: BlockId,
     events: Vec<EventId>,
+    /// An event could not be recorded nor its stream synchronized: only a
+    /// device synchronization (at `empty_cache` or out of memory) frees it.
+    wait_device: bool,
 }
 
 /// Settings a stream needs.
@@ -101,6 +104,12 @@ impl StreamState {
         size: u64,
         requested: u64,
     ) -> BackendResult<u64> {
+        let result = self.malloc_inner(pages, size, requested);
+        self.ledger.flush();
+        result
+    }
+
+    fn malloc_inner(&mut self, pages: &Pages, size: u64, requested: u64) -> BackendResult<u64> {
         self.process_events(pages)?;
         let p = pool_of(size);
         if pages.granularity() > 0 {
@@ -121,11 +130,24 @@ impl StreamState {
             self.pools[p].ensure_range(pages, self.config.range_size)?;
             self.ranges.publish(p, self.pools[p].range());
         }
+        if let Some(id) = self.pools[p].take_parked(size) {
+            self.pools[p].heap.unpark(id, requested);
+            let addr = self.pools[p].heap.block(id).addr;
+            self.ledger.allocated(p == 0, addr, size, requested);
+            return Ok(addr);
+        }
+        // A miss: merge the pool's parked blocks back first, so placement sees
+        // the heap as if nothing had been parked; the other pool's too before
+        // pages are mapped, so they are free to be re-mapped.
+        self.pools[p].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
         let place = self.pools[p].place(size).ok_or(none)?;
+        if place.unmapped > 0 {
+            self.pools[1 - p].flush_parked();
+        }
         let slots = self.pools[p]
             .slots
             .as_mut()
@@ -305,7 +327,14 @@ impl StreamState {
     }
 
     /// Frees the allocation `(p, id)` found by [`StreamState::find`].
-    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+    /// Frees the allocation `(p, id)` found by [`StreamState::find`]. It cannot
+    /// fail: a device error only defers the block's reuse.
+    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) {
+        self.free_inner(pages, p, id);
+        self.ledger.flush();
+    }
+
+    fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_requested(p == 0, addr, size, requested);
@@ -315,31 +344,26 @@ impl StreamState {
             self.recorded.remove(&addr)
         };
         let Some(streams) = recorded else {
-            return self.complete(pages, p, id);
+            self.complete(pages, p, id);
+            return;
         };
         self.pools[p].heap.set_pending(id);
         let backend = pages.backend().as_ref();
-        let mut events = Vec::with_capacity(streams.len());
+        let (mut events, mut wait_device) = (Vec::with_capacity(streams.len()), false);
         for s in streams {
             match self.record_on(backend, s) {
                 Ok(e) => events.push(e),
-                Err(err) => {
-                    // Without an event, wait for the stream now instead.
-                    self.pending.push(Pending {
-                        pool: p,
-                        id,
-                        events,
-                    });
-                    return backend.synchronize_stream(s).or(Err(err));
-                }
+                // Without an event, wait for the stream now instead; failing
+                // that, for the whole device later.
+                Err(_) => wait_device |= backend.synchronize_stream(s).is_err(),
             }
         }
         self.pending.push(Pending {
             pool: p,
             id,
             events,
+            wait_device,
         });
-        Ok(())
     }
 
     fn record_on(&mut self, backend: &dyn Backend, stream: StreamId) -> BackendResult<EventId> {
@@ -354,11 +378,16 @@ impl StreamState {
     }
 
     /// Makes a freed block reusable.
-    fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) -> BackendResult<()> {
+    fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
+        // Blocks are parked for exact-size reuse: no merge, no index update.
+        if pool.slots.is_some() && self.config.threshold.is_none() && pool.may_park(id) {
+            pool.park(id);
+            return;
+        }
         if let Some(slots) = pool.slots.as_mut() {
             slots.release(slots.span(addr, size));
         }
@@ -368,11 +397,14 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
-        match self.config.threshold {
-            Some(keep) if self.pools[p].cached_bytes() > keep => {
-                self.pools[p].release_cached(pages, &mut self.ledger, keep)
-            }
-            _ => Ok(()),
+        if let Some(keep) = self
+            .config
+            .threshold
+            .filter(|k| self.pools[p].cached_bytes() > *k)
+        {
+            // Best effort: what fails to go back stays cached and is retried at
+            // the next free, `empty_cache` or out-of-memory flush.
+            let _ = self.pools[p].release_cached(pages, &mut self.ledger, keep);
         }
     }
 
@@ -395,13 +427,14 @@ impl StreamState {
         }
         let mut i = 0;
         while i < self.pending.len() {
-            if !all_done(pages.backend().as_ref(), &self.pending[i].events)? {
+            let waiting = &self.pending[i];
+            if waiting.wait_device || !all_done(pages.backend().as_ref(), &waiting.events)? {
                 i += 1;
                 continue;
             }
             let done = self.pending.swap_remove(i);
             self.spare_events.extend(done.events);
-            self.complete(pages, done.pool, done.id)?;
+            self.complete(pages, done.pool, done.id);
         }
         Ok(())
     }
@@ -411,18 +444,20 @@ impl StreamState {
         if self.pending.is_empty() {
             return Ok(());
         }
+        if self.pending.iter().any(|p| p.wait_device) {
+            pages.backend().synchronize_device()?;
+        }
         for p in &self.pending {
             for e in &p.events {
                 pages.backend().synchronize_event(*e)?;
             }
         }
         self.ledger.synced_all();
-        let mut result = Ok(());
         for done in std::mem::take(&mut self.pending) {
             self.spare_events.extend(done.events);
-            result = result.and(self.complete(pages, done.pool, done.id));
+            self.complete(pages, done.pool, done.id);
         }
-        result
+        Ok(())
     }
 
     /// Gives back cached memory down to `keep` bytes per pool.
@@ -435,6 +470,12 @@ impl StreamState {
 
     /// Returns every cached page, segment, range and spare event to the device.
     pub(crate) fn empty_cache(&mut self, pages: &Pages) -> BackendResult<()> {
+        let result = self.empty_cache_inner(pages);
+        self.ledger.flush();
+        result
+    }
+
+    fn empty_cache_inner(&mut self, pages: &Pages) -> BackendResult<()> {
         self.sync_pending(pages)?;
         self.release_cached(pages, 0)?;
         for p in 0..2 {

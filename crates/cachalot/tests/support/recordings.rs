@@ -1,0 +1,19 @@
+//! The bundled recordings in `data/traces`, for the tests that read or replay
+//! every one of them.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use super::trace::traces_dir;
+
+/// The files of `data/traces` whose names end in `suffix`, sorted by path.
+pub fn recordings(suffix: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(traces_dir())
+        .expect("data/traces exists")
+        .map(|e| e.expect("readable directory").path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    out.sort();
+    out
+}
