@@ -33,6 +33,4 @@ conformance_suite!(cuda_pytorch_native, || gpu(""));
 conformance_suite!(cuda_pytorch_expandable, || gpu("expandable_segments:True"));
 conformance_suite!(cuda_pytorch_max_split_64, || gpu("max_split_size_mb:64"));
 conformance_suite!(cuda_pytorch_roundup_4, || gpu("roundup_power2_divisions:4"));
-// The cachalot policy joins once it passes the suite on the simulated device
-// (tests/conformance.rs); at merge time it failed observer_sees_every_transition
-// and memory_fraction_limits_and_recovers there.
+conformance_suite!(cuda_cachalot, || gpu("policy:cachalot"));
