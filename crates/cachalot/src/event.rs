@@ -7,6 +7,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -119,15 +121,76 @@ pub trait Observer: Send + Sync {
     }
 }
 
-/// The actions an observer wants, one bit per [`Action`], as policies cache it.
-pub(crate) fn wanted_actions(observer: &dyn Observer) -> u16 {
-    Action::ALL
-        .iter()
-        .filter(|a| observer.wants(**a))
-        .fold(0, |mask, a| mask | action_bit(*a))
+/// An optional [`Observer`] with what it asked for (times, actions) resolved once
+/// when it is installed: the one path by which policies send events.
+#[derive(Clone)]
+pub(crate) struct EventSink {
+    observer: Option<Arc<dyn Observer>>,
+    /// Whether the observer reads event times ([`Observer::wants_time`]).
+    stamp: bool,
+    /// The actions the observer wants ([`Observer::wants`]), one bit each.
+    wanted: u16,
+    /// Event times count from here.
+    pub(crate) epoch: Instant,
 }
 
-/// The bit of `action` in a [`wanted_actions`] mask.
-pub(crate) fn action_bit(action: Action) -> u16 {
+impl fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventSink")
+            .field("observed", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventSink {
+    /// No observer yet; event times will count from `epoch`.
+    pub(crate) fn new(epoch: Instant) -> EventSink {
+        EventSink {
+            observer: None,
+            stamp: false,
+            wanted: 0,
+            epoch,
+        }
+    }
+
+    /// Installs or removes the observer, asking once what it wants.
+    pub(crate) fn set(&mut self, observer: Option<Arc<dyn Observer>>) {
+        self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
+        self.wanted = observer.as_deref().map_or(0, |o| {
+            Action::ALL
+                .iter()
+                .filter(|a| o.wants(**a))
+                .fold(0, |mask, a| mask | action_bit(*a))
+        });
+        self.observer = observer;
+    }
+
+    /// Tells the observer, if there is one and it wants `action`.
+    #[inline]
+    pub(crate) fn emit(&self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
+        let Some(o) = self
+            .observer
+            .as_ref()
+            .filter(|_| self.wanted & action_bit(action) != 0)
+        else {
+            return;
+        };
+        let time_us = if self.stamp {
+            u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        o.on_event(&TraceEvent {
+            time_us,
+            action,
+            addr,
+            size,
+            stream,
+        });
+    }
+}
+
+/// The bit of `action` in an [`EventSink`]'s mask of wanted actions.
+fn action_bit(action: Action) -> u16 {
     1 << (action as u16)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::event::{action_bit, wanted_actions, Action, Observer, TraceEvent};
+use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
@@ -24,12 +24,7 @@ struct Batch {
 pub(crate) struct Ledger {
     /// The statistics of this stream's pools.
     pub(crate) stats: MemoryStats,
-    observer: Option<Arc<dyn Observer>>,
-    /// Whether the observer reads event times ([`Observer::wants_time`]).
-    stamp: bool,
-    /// The actions the observer wants ([`Observer::wants`]), one bit each.
-    wanted: u16,
-    start: Instant,
+    events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
 }
@@ -38,7 +33,7 @@ impl fmt::Debug for Ledger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ledger")
             .field("stream", &self.stream)
-            .field("observed", &self.observer.is_some())
+            .field("events", &self.events)
             .finish()
     }
 }
@@ -48,10 +43,7 @@ impl Ledger {
     pub(crate) fn new(stats: MemoryStats, stream: StreamId, start: Instant) -> Ledger {
         Ledger {
             stats,
-            observer: None,
-            stamp: false,
-            wanted: 0,
-            start,
+            events: EventSink::new(start),
             stream,
             batch: None,
         }
@@ -59,30 +51,11 @@ impl Ledger {
 
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
-        self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
-        self.wanted = observer.as_deref().map_or(0, wanted_actions);
-        self.observer = observer;
+        self.events.set(observer);
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64) {
-        if let Some(o) = self
-            .observer
-            .as_ref()
-            .filter(|_| self.wanted & action_bit(action) != 0)
-        {
-            let time_us = if self.stamp {
-                self.start.elapsed().as_micros() as u64
-            } else {
-                0
-            };
-            o.on_event(&TraceEvent {
-                time_us,
-                action,
-                addr,
-                size,
-                stream: self.stream,
-            });
-        }
+        self.events.emit(action, addr, size, self.stream);
     }
 
     /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
@@ -215,6 +188,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::TraceEvent;
     use std::sync::Mutex;
 
     #[derive(Default)]

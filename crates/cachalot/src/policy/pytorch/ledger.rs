@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::event::{action_bit, wanted_actions, Action, Observer, TraceEvent};
+use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
 use super::block::Block;
@@ -14,19 +14,14 @@ use super::block::Block;
 pub(crate) struct Ledger {
     /// PyTorch's statistics.
     pub(crate) stats: MemoryStats,
-    observer: Option<Arc<dyn Observer>>,
-    /// Whether the observer reads event times ([`Observer::wants_time`]).
-    stamp: bool,
-    /// The actions the observer wants ([`Observer::wants`]), one bit each.
-    wanted: u16,
-    epoch: Instant,
+    events: EventSink,
     max_split_size: u64,
 }
 
 impl std::fmt::Debug for Ledger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ledger")
-            .field("observer", &self.observer.is_some())
+            .field("events", &self.events)
             .finish_non_exhaustive()
     }
 }
@@ -37,40 +32,18 @@ impl Ledger {
         let limit = (max_split_size != u64::MAX).then_some(max_split_size);
         Ledger {
             stats: MemoryStats::new(limit),
-            observer: None,
-            stamp: false,
-            wanted: 0,
-            epoch: Instant::now(),
+            events: EventSink::new(Instant::now()),
             max_split_size,
         }
     }
 
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
-        self.stamp = observer.as_ref().is_some_and(|o| o.wants_time());
-        self.wanted = observer.as_deref().map_or(0, wanted_actions);
-        self.observer = observer;
+        self.events.set(observer);
     }
 
     fn emit(&self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
-        if let Some(o) = self
-            .observer
-            .as_ref()
-            .filter(|_| self.wanted & action_bit(action) != 0)
-        {
-            let time_us = if self.stamp {
-                u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-            } else {
-                0
-            };
-            o.on_event(&TraceEvent {
-                time_us,
-                action,
-                addr,
-                size,
-                stream,
-            });
-        }
+        self.events.emit(action, addr, size, stream);
     }
 
     fn oversize(&self, size: u64) -> bool {
@@ -212,6 +185,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::event::TraceEvent;
 
     #[derive(Default)]
     struct Log {
@@ -235,7 +209,7 @@ mod tests {
     #[test]
     fn an_observer_that_wants_no_time_gets_events_stamped_zero() {
         let mut ledger = Ledger::new(u64::MAX);
-        ledger.epoch -= std::time::Duration::from_secs(5);
+        ledger.events.epoch -= std::time::Duration::from_secs(5);
         for timed in [false, true] {
             let log = Arc::new(Log {
                 timed,
