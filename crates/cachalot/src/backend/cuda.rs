@@ -54,6 +54,17 @@ impl fmt::Debug for CudaBackend {
     }
 }
 
+/// `size` checked against the call's contract (positive, a multiple of
+/// `granularity` when one is given) and as the driver's `size_t`; a size the host
+/// cannot even express is out of memory.
+fn request_bytes(call: CallKind, size: u64, granularity: u64) -> BackendResult<usize> {
+    Registry::check_size(call, size, granularity)?;
+    usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+        call,
+        requested: size,
+    })
+}
+
 fn stream_handle(stream: StreamId) -> sys::CUstream {
     stream.0 as usize as sys::CUstream
 }
@@ -333,11 +344,7 @@ impl Backend for CudaBackend {
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::SegmentAlloc;
         self.count(call);
-        Registry::check_size(call, size, 0)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
-            call,
-            requested: size,
-        })?;
+        let bytes = request_bytes(call, size, 0)?;
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut ptr: sys::CUdeviceptr = 0;
@@ -365,11 +372,7 @@ impl Backend for CudaBackend {
         let call = CallKind::ReserveRange;
         self.count(call);
         self.require_virtual_memory(call)?;
-        Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
-            call,
-            requested: size,
-        })?;
+        let bytes = request_bytes(call, size, self.caps.granularity)?;
         let align = self.caps.granularity as usize;
         let mut reg = self.write();
         self.ctx.bind(call)?;
@@ -402,11 +405,7 @@ impl Backend for CudaBackend {
         let call = CallKind::CreatePage;
         self.count(call);
         self.require_virtual_memory(call)?;
-        Registry::check_size(call, size, self.caps.granularity)?;
-        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
-            call,
-            requested: size,
-        })?;
+        let bytes = request_bytes(call, size, self.caps.granularity)?;
         let prop = driver::page_properties(self.ctx.device());
         let mut reg = self.write();
         self.ctx.bind(call)?;
