@@ -16,7 +16,6 @@ struct Sums {
     requested: i64,
     pending: usize,
     free: usize,
-    parked: usize,
 }
 
 /// Checks one pool against its indexes and `stats`; returns its pending blocks.
@@ -74,13 +73,6 @@ pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Resul
             ));
         }
     }
-    if sums.parked != pool.parked_count() {
-        return Err(format!(
-            "{} parked blocks but {} in the parked lists",
-            sums.parked,
-            pool.parked_count()
-        ));
-    }
     if sums.free != pool.heap.free_count() {
         return Err(format!(
             "{} free blocks but {} indexed",
@@ -130,21 +122,6 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
                 ));
             }
             last_free = free;
-            if b.state == State::Parked {
-                sums.parked += 1;
-                if !pool.is_parked(id) {
-                    return Err(format!(
-                        "parked block at {:#x} is not in its parked list",
-                        b.addr
-                    ));
-                }
-                if let Some(slots) = &pool.slots {
-                    for s in slots.span(b.addr, b.size) {
-                        *users.entry(s).or_default() += 1;
-                    }
-                }
-                continue;
-            }
             if free {
                 sums.free += 1;
                 if !pool.heap.indexed(id) {

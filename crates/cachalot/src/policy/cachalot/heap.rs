@@ -21,8 +21,6 @@ pub(crate) enum State {
     Allocated,
     /// Freed by the caller, waiting for streams recorded on it.
     PendingFree,
-    /// Free but not merged yet: parked for a quick reuse at its exact size.
-    Parked,
 }
 
 /// A contiguous sub-range of a region.
@@ -221,34 +219,12 @@ impl Heap {
         id
     }
 
-    /// The blocks just before and just after `id` in its region.
-    pub(crate) fn neighbours(&self, id: BlockId) -> [Option<BlockId>; 2] {
-        let b = &self.blocks[id as usize];
-        [b.prev, b.next]
-    }
-
     /// Marks an allocated block as waiting for streams.
     pub(crate) fn set_pending(&mut self, id: BlockId) {
         self.blocks[id as usize].state = State::PendingFree;
     }
 
-    /// Takes a live block out of use without merging it (see [`State::Parked`]).
-    pub(crate) fn park(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id as usize];
-        self.live.remove(&b.addr);
-        b.state = State::Parked;
-        b.requested = 0;
-    }
-
-    /// Hands a parked block out again.
-    pub(crate) fn unpark(&mut self, id: BlockId, requested: u64) {
-        let b = &mut self.blocks[id as usize];
-        b.state = State::Allocated;
-        b.requested = requested;
-        self.live.insert(b.addr, id);
-    }
-
-    /// Frees a live or parked block and merges it with free neighbours; returns
+    /// Frees a live block and merges it with free neighbours; returns
     /// the id of the resulting free block.
     pub(crate) fn release(&mut self, id: BlockId) -> BlockId {
         let b = &mut self.blocks[id as usize];

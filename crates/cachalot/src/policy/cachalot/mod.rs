@@ -37,19 +37,9 @@
 //!
 //! # The hot path
 //!
-//! Blocks (with virtual memory and no release threshold) are *parked* when
-//! freed: kept unmerged in per-size lists and handed out again to the next
-//! request of exactly their size, with no index update. Small blocks always
-//! park; a large one only when neither neighbour is free or parked (so it is
-//! exactly the hole best fit would see; parked neighbours are merged back
-//! instead). A miss merges every parked block of its pool back before
-//! placing, so placement sees the same heap as without parking; before pages
-//! are mapped the other pool's are merged too, so their pages can be re-mapped.
-//! The ratios above are unchanged by it.
-//!
 //! When no near fit is fully mapped, placement looks through every free block,
 //! at page-aligned windows inside it too, for the one needing the fewest new
-//! pages: a second pass of bert_dynamic makes 1,820 driver calls instead of
+//! pages: a second pass of bert_dynamic makes 1,788 driver calls instead of
 //! 3,482 (tests/cachalot_traces.rs).
 //!
 //! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock the

@@ -5,13 +5,10 @@
 //! already mapped wins, so the common case is a free-list hit with no driver
 //! call; only when none fits does it pick the block needing the fewest new pages.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
-use super::heap::{AddrHasher, BlockId, Heap, State};
+use super::heap::{BlockId, Heap, State};
 use super::ledger::Ledger;
 use super::pages::Pages;
 use super::slots::Slots;
@@ -30,9 +27,6 @@ const SEGMENT_ROUNDING: u64 = 2 << 20;
 /// pages are already mapped.
 const SCAN: usize = 16;
 
-/// Distinct sizes whose emptied parked lists are kept.
-const MAX_PARKED_SIZES: usize = 4096;
-
 /// Where an allocation goes.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct Placement {
@@ -42,14 +36,6 @@ pub(crate) struct Placement {
     pub(crate) at: u64,
     /// Pages still to map under it.
     pub(crate) unmapped: u64,
-}
-
-/// The parked blocks of one size.
-#[derive(Debug, Default)]
-struct Parked {
-    ids: Vec<BlockId>,
-    /// Whether the size is in `Pool::parked_sizes`.
-    listed: bool,
 }
 
 /// See the module docs.
@@ -62,12 +48,6 @@ pub(crate) struct Pool {
     /// Page slots of the reserved range (virtual memory only, once reserved).
     pub(crate) slots: Option<Slots>,
     range: Option<(u64, u64)>,
-    /// Parked blocks by exact size, most recently freed last. Emptied lists
-    /// are kept, so parking allocates nothing in a steady loop.
-    parked: HashMap<u64, Parked, BuildHasherDefault<AddrHasher>>,
-    /// The sizes whose lists may be non-empty (what a flush visits).
-    parked_sizes: Vec<u64>,
-    parked_count: usize,
 }
 
 impl Pool {
@@ -78,109 +58,7 @@ impl Pool {
             heap: Heap::default(),
             slots: None,
             range: None,
-            parked: HashMap::default(),
-            parked_sizes: Vec::new(),
-            parked_count: 0,
         }
-    }
-
-    /// Parks a freed block for reuse at its exact size (it keeps its pages).
-    pub(crate) fn park(&mut self, id: BlockId) {
-        self.heap.park(id);
-        let size = self.heap.block(id).size;
-        let list = self.parked.entry(size).or_default();
-        if !list.listed {
-            list.listed = true;
-            self.parked_sizes.push(size);
-        }
-        list.ids.push(id);
-        self.parked_count += 1;
-    }
-
-    /// The most recently parked block of exactly `size` bytes, taken out.
-    pub(crate) fn take_parked(&mut self, size: u64) -> Option<BlockId> {
-        if self.parked_count == 0 {
-            return None;
-        }
-        let id = self.parked.get_mut(&size)?.ids.pop()?;
-        self.parked_count -= 1;
-        Some(id)
-    }
-
-    /// Whether a freed block of this pool may be parked: small ones always;
-    /// large ones only when no neighbour is free or parked, so a parked large
-    /// block is exactly the hole best fit would see. Parked neighbours of a
-    /// large block that is not parked are merged back first.
-    pub(crate) fn may_park(&mut self, id: BlockId) -> bool {
-        if self.small {
-            return true;
-        }
-        let mut isolated = true;
-        for n in self.heap.neighbours(id).into_iter().flatten() {
-            match self.heap.block(n).state {
-                State::Free => isolated = false,
-                State::Parked => {
-                    isolated = false;
-                    self.unpark_into_heap(n);
-                }
-                _ => {}
-            }
-        }
-        isolated
-    }
-
-    /// Takes one parked block out of its list and merges it into the heap.
-    fn unpark_into_heap(&mut self, id: BlockId) {
-        let b = self.heap.block(id);
-        let (addr, size) = (b.addr, b.size);
-        if let Some(list) = self.parked.get_mut(&size) {
-            if let Some(at) = list.ids.iter().rposition(|i| *i == id) {
-                list.ids.remove(at);
-                self.parked_count -= 1;
-            }
-        }
-        if let Some(slots) = self.slots.as_mut() {
-            slots.release(slots.span(addr, size));
-        }
-        self.heap.release(id);
-    }
-
-    /// Merges every parked block into the heap and releases its slots.
-    pub(crate) fn flush_parked(&mut self) {
-        if self.parked_count == 0 {
-            return;
-        }
-        for size in self.parked_sizes.drain(..) {
-            let Some(list) = self.parked.get_mut(&size) else {
-                continue;
-            };
-            list.listed = false;
-            for id in list.ids.drain(..) {
-                let addr = self.heap.block(id).addr;
-                if let Some(slots) = self.slots.as_mut() {
-                    slots.release(slots.span(addr, size));
-                }
-                self.heap.release(id);
-            }
-        }
-        // Bounded memory with many distinct sizes (varying shapes).
-        if self.parked.len() > MAX_PARKED_SIZES {
-            self.parked.clear();
-        }
-        self.parked_count = 0;
-    }
-
-    /// Number of parked blocks.
-    pub(crate) fn parked_count(&self) -> usize {
-        self.parked_count
-    }
-
-    /// Whether `id` is parked exactly once.
-    pub(crate) fn is_parked(&self, id: BlockId) -> bool {
-        let size = self.heap.block(id).size;
-        self.parked
-            .get(&size)
-            .is_some_and(|list| list.ids.iter().filter(|i| **i == id).count() == 1)
     }
 
     /// The reserved range (base, size), if any.
@@ -378,7 +256,6 @@ impl Pool {
             }
             return Ok(());
         }
-        self.flush_parked();
         let cold = self
             .slots
             .as_ref()
@@ -429,7 +306,7 @@ impl Pool {
                 .map(|b| {
                     let (start, end) = (b.addr.max(base), b.end().min(base + size));
                     let state = match b.state {
-                        State::Free | State::Parked => BlockState::Inactive,
+                        State::Free => BlockState::Inactive,
                         State::Allocated => BlockState::ActiveAllocated,
                         State::PendingFree => BlockState::ActivePendingFree,
                     };

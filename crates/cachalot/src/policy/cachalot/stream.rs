@@ -130,24 +130,11 @@ impl StreamState {
             self.pools[p].ensure_range(pages, self.config.range_size)?;
             self.ranges.publish(p, self.pools[p].range());
         }
-        if let Some(id) = self.pools[p].take_parked(size) {
-            self.pools[p].heap.unpark(id, requested);
-            let addr = self.pools[p].heap.block(id).addr;
-            self.ledger.allocated(p == 0, addr, size, requested);
-            return Ok(addr);
-        }
-        // A miss: merge the pool's parked blocks back first, so placement sees
-        // the heap as if nothing had been parked; the other pool's too before
-        // pages are mapped, so they are free to be re-mapped.
-        self.pools[p].flush_parked();
         let none = BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
         let place = self.pools[p].place(size).ok_or(none)?;
-        if place.unmapped > 0 {
-            self.pools[1 - p].flush_parked();
-        }
         let slots = self.pools[p]
             .slots
             .as_mut()
@@ -383,11 +370,6 @@ impl StreamState {
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
-        // Blocks are parked for exact-size reuse: no merge, no index update.
-        if pool.slots.is_some() && self.config.threshold.is_none() && pool.may_park(id) {
-            pool.park(id);
-            return;
-        }
         if let Some(slots) = pool.slots.as_mut() {
             slots.release(slots.span(addr, size));
         }
