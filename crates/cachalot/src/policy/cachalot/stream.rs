@@ -134,15 +134,15 @@ impl StreamState {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
         }
-        let none = BackendError::OutOfMemory {
+        let none = || BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
-        let mut place = self.pools[p].place(size).ok_or(none.clone())?;
+        let mut place = self.pools[p].place(size).ok_or_else(none)?;
         if place.unmapped > 0 && self.pools[0].kept_count() > 0 {
             // Kept small blocks give their pages back before any is mapped.
             self.pools[0].release_kept();
-            place = self.pools[p].place(size).ok_or(none)?;
+            place = self.pools[p].place(size).ok_or_else(none)?;
         }
         let slots = self.pools[p]
             .slots
