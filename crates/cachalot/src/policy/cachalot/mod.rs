@@ -169,6 +169,17 @@ impl CachalotAllocator {
     }
 
     fn entry(&self, stream: StreamId) -> Result<&StreamEntry> {
+        match self.streams.get(stream) {
+            Some(entry) => Ok(entry),
+            None => self.new_entry(stream),
+        }
+    }
+
+    /// The entry of a stream seen for the first time (built out of the hot
+    /// path's way: a stream's state is kilobytes).
+    #[cold]
+    #[inline(never)]
+    fn new_entry(&self, stream: StreamId) -> Result<&StreamEntry> {
         let make = |ranges| {
             let mut ledger = Ledger::new(
                 MemoryStats::new(self.config.max_split_size),
@@ -219,6 +230,22 @@ impl CachalotAllocator {
         Ok(self.pages.retry_orphans()?)
     }
 
+    /// After a first attempt ran out of memory: flush every stream's cache
+    /// and try once more (out of the hot path's way).
+    #[cold]
+    #[inline(never)]
+    fn retry_malloc(&self, entry: &StreamEntry, rounded: u64, size: u64) -> Result<DevicePtr> {
+        entry.lock().ledger.retried();
+        self.flush_all()?;
+        let second = entry.lock().malloc(&self.pages, rounded, size);
+        match second {
+            Ok(ptr) => Ok(ptr),
+            // "Tried to allocate" is the block, as PyTorch reports it.
+            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn out_of_memory(&self, entry: &StreamEntry, requested: u64, alloc_size: u64) -> Error {
         let stats = self.stats();
         let device_free = self.backend.mem_info().map_or(0, |m| m.free);
@@ -266,18 +293,9 @@ impl DeviceAllocator for CachalotAllocator {
         let entry = self.entry(stream)?;
         let first = entry.lock().malloc(&self.pages, rounded, size);
         match first {
-            Ok(ptr) => return Ok(ptr),
-            Err(e) if !e.is_out_of_memory() => return Err(e.into()),
-            Err(_) => {}
-        }
-        entry.lock().ledger.retried();
-        self.flush_all()?;
-        let second = entry.lock().malloc(&self.pages, rounded, size);
-        match second {
             Ok(ptr) => Ok(ptr),
-            // "Tried to allocate" is the block, as PyTorch reports it.
-            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
-            Err(e) => Err(e.into()),
+            Err(e) if !e.is_out_of_memory() => Err(e.into()),
+            Err(_) => self.retry_malloc(entry, rounded, size),
         }
     }
 
