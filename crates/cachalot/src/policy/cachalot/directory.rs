@@ -12,6 +12,12 @@ use crate::backend::{DevicePtr, StreamId};
 
 use super::stream::StreamState;
 
+thread_local! {
+    /// (directory address, entry index) of the stream this thread's last
+    /// `owner_of` found: a hint, checked before use.
+    static LAST_OWNER: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
 /// Streams one allocator serves at most.
 pub(crate) const MAX_STREAMS: usize = 256;
 
@@ -135,9 +141,25 @@ impl Directory {
         self.grow.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The stream whose reserved range holds `ptr`, if any.
+    /// The stream whose reserved range holds `ptr`, if any. The stream this
+    /// thread found last is tried first (threads mostly free what they
+    /// allocated on their own stream), then the others in table order.
     pub(crate) fn owner_of(&self, ptr: DevicePtr) -> Option<&StreamEntry> {
-        self.iter().find(|e| e.ranges.contains(ptr))
+        let me = self as *const Directory as usize;
+        let (dir, hint) = LAST_OWNER.get();
+        let entries = &self.entries[..self.len.load(Ordering::Acquire)];
+        if dir == me {
+            let hinted = entries.get(hint).and_then(OnceLock::get);
+            if let Some(e) = hinted.filter(|e| e.ranges.contains(ptr)) {
+                return Some(e);
+            }
+        }
+        let (i, e) = entries
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| e.get().filter(|e| e.ranges.contains(ptr)).map(|e| (i, e)))?;
+        LAST_OWNER.set((me, i));
+        Some(e)
     }
 }
 
