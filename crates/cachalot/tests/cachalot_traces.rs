@@ -98,12 +98,12 @@ fn segments_without_virtual_memory_mostly_beat_pytorch_native() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// What `passes` passes of `name` on one warm allocator cost: driver calls
+/// What `passes` passes of `name` on one warm allocator (configured by `conf`) cost: driver calls
 /// (map, unmap, page create/release) per pass, each pass freeing its leftovers,
 /// and reserved bytes at the end over the first pass's peak requested bytes.
-fn repeated_passes(name: &str, passes: usize) -> (Vec<u64>, f64) {
+fn repeated_passes(name: &str, conf: &str, passes: usize) -> (Vec<u64>, f64) {
     let sim = Arc::new(SimBackend::with_options(85_017_493_504, true));
-    let config = AllocatorConfig::parse("policy:cachalot").expect("a valid config");
+    let config = AllocatorConfig::parse(conf).expect("a valid config");
     let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
     let ops = trace::load(name);
     let mut calls = Vec::with_capacity(passes);
@@ -136,7 +136,7 @@ fn repeated_passes(name: &str, passes: usize) -> (Vec<u64>, f64) {
 fn repeated_passes_settle_on_mapped_pages() {
     let mut failures = Vec::new();
     for name in trace::TRACES {
-        let (calls, reserved) = repeated_passes(name, 4);
+        let (calls, reserved) = repeated_passes(name, "policy:cachalot", 4);
         println!(
             "{name}: driver calls per pass {calls:?}, then reserved {reserved:.4} x peak requested"
         );
@@ -152,4 +152,13 @@ fn repeated_passes_settle_on_mapped_pages() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn without_churn_slack_bert_keeps_the_tight_budget_and_re_maps() {
+    let (calls, reserved) =
+        repeated_passes("bert_dynamic", "policy:cachalot,cachalot_churn_slack:0", 4);
+    println!("bert_dynamic, churn slack 0: {calls:?} driver calls, reserved {reserved:.4}");
+    assert!(calls[1..].iter().all(|c| *c > 1000), "{calls:?}");
+    assert!(reserved <= 1.05, "reserved {reserved:.4} x peak requested");
 }

@@ -39,8 +39,8 @@
 //! step) would re-map pages forever under that budget: 1,788 driver calls per
 //! pass of 16,800 operations, each pass after the first. A stream that has
 //! re-mapped twice as many pages as it holds without its peak of pages in use
-//! growing is *churning*, and its budget rises by 0.15 (to 1.185 times that
-//! peak), for good (`stream`). Repeated passes of bert_dynamic then make 4,666,
+//! growing is *churning*, and its budget rises by `cachalot_churn_slack`
+//! (default 0.15: to 1.185 times that peak), for good (`stream`). Repeated passes of bert_dynamic then make 4,666,
 //! 616, 0, 0 driver calls, and reserve 1.200 times the peak requested bytes
 //! from the second pass on; a single pass, and every training trace, never
 //! reaches the trigger, so the ratios above are unchanged.
@@ -85,8 +85,10 @@
 //!
 //! # Configuration
 //!
-//! `cachalot_reuse_slack` (default 0.035) and `cachalot_release_threshold_mb`
-//! (default unlimited: cached pages stay mapped until `empty_cache` or OOM),
+//! `cachalot_reuse_slack` (default 0.035), `cachalot_churn_slack` (default 0.15;
+//! 0 keeps the tight budget for churning streams too) and
+//! `cachalot_release_threshold_mb` (default unlimited: cached pages stay mapped
+//! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
 mod audit;
@@ -152,6 +154,7 @@ impl CachalotAllocator {
         };
         let stream_config = StreamConfig {
             slack: config.cachalot_reuse_slack,
+            churn_slack: config.cachalot_churn_slack,
             threshold: config.cachalot_release_threshold,
             range_size,
         };

@@ -7,10 +7,12 @@
 //! shape at every step: its layout never repeats, so the cached pages are never
 //! where the next blocks land) is *churning*: once it has re-mapped
 //! [`CHURN_REMAPS`] times as many pages as it holds since its peak last grew, its
-//! budget rises by [`CHURN_SLACK`] for good, enough for a layout that stops
-//! moving. A single pass of a workload stays under the trigger (bert_dynamic
-//! re-maps at most 1.6 times its pages between peaks), so its reserved memory
-//! keeps the tight budget; a workload that repeats settles with no driver calls.
+//! budget rises by `cachalot_churn_slack` (default 0.15) for good, enough for a
+//! layout that stops moving. A single pass of a workload stays under the trigger,
+//! so its reserved memory keeps the tight budget; a workload that repeats settles
+//! with no driver calls. Replaying bert_dynamic pass after pass, a churn slack of
+//! 0.10 still leaves 232 driver calls per pass, 0.125 leaves 160, 0.15 none from
+//! the third pass.
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -36,13 +38,9 @@ use super::pool::{Pool, SMALL_MAX};
 const SEGMENT_SLACK: f64 = 0.05;
 
 /// Re-mapped pages, as a multiple of the stream's mapped pages, since its peak
-/// of pages in use last grew, that make a stream churning.
+/// of pages in use last grew, that make a stream churning. A single pass of
+/// bert_dynamic re-maps at most 1.6 times its pages between two peaks.
 const CHURN_REMAPS: u64 = 2;
-
-/// What a churning stream's budget adds to `cachalot_reuse_slack`. Replaying
-/// bert_dynamic pass after pass, 0.10 still leaves 232 driver calls per pass and
-/// 0.125 leaves 160; 0.15 leaves none from the third pass.
-const CHURN_SLACK: f64 = 0.15;
 
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
@@ -60,6 +58,8 @@ struct Pending {
 pub(crate) struct StreamConfig {
     /// `cachalot_reuse_slack`.
     pub(crate) slack: f64,
+    /// `cachalot_churn_slack`.
+    pub(crate) churn_slack: f64,
     /// `cachalot_release_threshold`.
     pub(crate) threshold: Option<u64>,
     /// Bytes of address space reserved per pool (virtual memory only).
@@ -301,7 +301,12 @@ impl StreamState {
 
     /// Pages this stream may hold before it re-maps cached ones.
     fn budget(&self) -> u64 {
-        let slack = self.config.slack + if self.churning { CHURN_SLACK } else { 0.0 };
+        let churn = if self.churning {
+            self.config.churn_slack
+        } else {
+            0.0
+        };
+        let slack = self.config.slack + churn;
         ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64
     }
 
