@@ -6,13 +6,14 @@
 //! had in use. A stream that keeps re-mapping without its peak growing (a new
 //! shape at every step: its layout never repeats, so the cached pages are never
 //! where the next blocks land) is *churning*: once it has re-mapped
-//! [`CHURN_REMAPS`] times as many pages as it holds since its peak last grew, its
-//! budget rises by `cachalot_churn_slack` (default 0.15) for good, enough for a
-//! layout that stops moving. A single pass of a workload stays under the trigger,
-//! so its reserved memory keeps the tight budget; a workload that repeats settles
-//! with no driver calls. Replaying bert_dynamic pass after pass, a churn slack of
-//! 0.10 still leaves 232 driver calls per pass, 0.125 leaves 160, 0.15 none from
-//! the third pass.
+//! [`CHURN_REMAPS`] times as many pages as it holds since its peak last grew, and
+//! at least one page per [`CHURN_RATE`] allocations (a trickle of remaps is
+//! cheaper than the memory), its budget rises by `cachalot_churn_slack` (default
+//! 0.15) for good, enough for a layout that stops moving. A single pass of a
+//! workload stays under the trigger, so its reserved memory keeps the tight
+//! budget; a workload that repeats settles with no driver calls. Replaying
+//! bert_dynamic pass after pass, a churn slack of 0.10 still leaves 232 driver
+//! calls per pass, 0.125 leaves 160, 0.15 none from the third pass.
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -41,6 +42,11 @@ const SEGMENT_SLACK: f64 = 0.05;
 /// of pages in use last grew, that make a stream churning. A single pass of
 /// bert_dynamic re-maps at most 1.6 times its pages between two peaks.
 const CHURN_REMAPS: u64 = 2;
+
+/// Allocations per re-mapped page, since the peak of pages in use last grew,
+/// beyond which a stream is not churning whatever it re-mapped: one page per
+/// 1000 allocations is about one driver call per 1000 operations.
+const CHURN_RATE: u64 = 1000;
 
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
@@ -80,6 +86,8 @@ pub(crate) struct StreamState {
     peak_in_use: u64,
     /// Pages re-mapped since `peak_in_use` last grew.
     remaps: u64,
+    /// Allocations since `peak_in_use` last grew.
+    allocations: u64,
     /// Whether the stream churns (see the module docs): its budget is raised.
     churning: bool,
     config: StreamConfig,
@@ -116,6 +124,7 @@ impl StreamState {
             spare_events: Vec::new(),
             peak_in_use: 0,
             remaps: 0,
+            allocations: 0,
             churning: false,
             config,
             ranges,
@@ -167,9 +176,11 @@ impl StreamState {
         let span = slots.span(place.at, size);
         slots.acquire(span.clone());
         let in_use = self.in_use();
+        self.allocations += 1;
         if in_use > self.peak_in_use {
             self.peak_in_use = in_use;
             self.remaps = 0;
+            self.allocations = 0;
         }
         if place.unmapped > 0 {
             if let Err(e) = self.map_span(pages, p, span.clone()) {
@@ -286,7 +297,8 @@ impl StreamState {
         keep: &std::ops::Range<u32>,
     ) -> BackendResult<PageHandle> {
         let mapped = self.mapped();
-        self.churning |= self.remaps >= CHURN_REMAPS * mapped.max(1);
+        self.churning |= self.remaps >= CHURN_REMAPS * mapped.max(1)
+            && self.remaps * CHURN_RATE >= self.allocations;
         if mapped >= self.budget() {
             if let Some(page) = self.steal(pages, p, keep)? {
                 self.remaps += 1;
