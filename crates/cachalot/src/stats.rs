@@ -41,16 +41,20 @@ impl Stat {
         }
     }
 
-    /// Adds `amount`.
+    /// Adds `amount` ([`Stat::update`] without the sign test).
     #[inline]
     pub fn increase(&mut self, amount: u64) {
-        self.update(amount as i64);
+        self.current += amount as i64;
+        self.allocated += amount as i64;
+        self.peak = self.peak.max(self.current);
     }
 
-    /// Subtracts `amount`.
+    /// Subtracts `amount` ([`Stat::update`] without the sign test).
     #[inline]
     pub fn decrease(&mut self, amount: u64) {
-        self.update(-(amount as i64));
+        self.current -= amount as i64;
+        debug_assert!(self.current >= 0, "stat went negative: {self:?}");
+        self.freed += amount as i64;
     }
 
     /// Sets the peak to the current value.
@@ -123,6 +127,29 @@ impl StatArray {
             self.small_pool.update(amount);
         } else {
             self.large_pool.update(amount);
+        }
+    }
+
+    /// Adds `amount` to `all` and the given specific pool.
+    #[inline]
+    pub fn increase(&mut self, small: bool, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(small).increase(amount);
+    }
+
+    /// Subtracts `amount` from `all` and the given specific pool.
+    #[inline]
+    pub fn decrease(&mut self, small: bool, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(small).decrease(amount);
+    }
+
+    #[inline]
+    fn pool_mut(&mut self, small: bool) -> &mut Stat {
+        if small {
+            &mut self.small_pool
+        } else {
+            &mut self.large_pool
         }
     }
 

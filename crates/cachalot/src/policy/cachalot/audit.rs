@@ -16,6 +16,7 @@ struct Sums {
     requested: i64,
     pending: usize,
     free: usize,
+    kept: usize,
 }
 
 /// Checks one pool against its indexes and `stats`; returns its pending blocks.
@@ -73,6 +74,13 @@ pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Resul
             ));
         }
     }
+    if sums.kept != pool.kept_count() {
+        return Err(format!(
+            "{} kept blocks but {} in the reuse lists",
+            sums.kept,
+            pool.kept_count()
+        ));
+    }
     if sums.free != pool.heap.free_count() {
         return Err(format!(
             "{} free blocks but {} indexed",
@@ -129,6 +137,18 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
                         "free block at {:#x} is not in the free index",
                         b.addr
                     ));
+                }
+                continue;
+            }
+            if b.state == State::Kept {
+                sums.kept += 1;
+                if !pool.is_kept(id) || pool.heap.live(b.addr).is_some() {
+                    return Err(format!("kept block at {:#x} is misfiled", b.addr));
+                }
+                if let Some(slots) = &pool.slots {
+                    for s in slots.span(b.addr, b.size) {
+                        *users.entry(s).or_default() += 1;
+                    }
                 }
                 continue;
             }

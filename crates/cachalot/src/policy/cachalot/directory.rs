@@ -5,6 +5,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use spin::mutex::{SpinMutex, SpinMutexGuard};
+use spin::relax::Yield;
+
 use crate::backend::{DevicePtr, StreamId};
 
 use super::stream::StreamState;
@@ -43,6 +46,13 @@ impl RangeTable {
     }
 }
 
+/// A stream's lock: held for well under a microsecond on the hot path, so
+/// a spin lock (one atomic exchange to take, a plain store to give back)
+/// beats a futex mutex, whose release is a second atomic exchange. A waiter
+/// yields its time slice while it spins, so a long hold (a driver call on a
+/// slow path) does not burn a core.
+type StreamLock = SpinMutex<StreamState, Yield>;
+
 /// One stream's state behind its own lock.
 #[derive(Debug)]
 pub(crate) struct StreamEntry {
@@ -50,14 +60,15 @@ pub(crate) struct StreamEntry {
     pub(crate) stream: StreamId,
     /// Where its pools' ranges are.
     pub(crate) ranges: std::sync::Arc<RangeTable>,
-    state: Isolated<Mutex<StreamState>>,
+    state: Isolated<StreamLock>,
 }
 
 impl StreamEntry {
-    /// Locks the stream's state. A panic in another thread cannot leave it
-    /// half-changed in a way `validate` would not report, so the guard is kept.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, StreamState> {
-        self.state.0.lock().unwrap_or_else(|e| e.into_inner())
+    /// Locks the stream's state. (A spin lock is not poisoned: a panic in
+    /// another thread cannot leave the state half-changed in a way `validate`
+    /// would not report.)
+    pub(crate) fn lock(&self) -> SpinMutexGuard<'_, StreamState> {
+        self.state.0.lock()
     }
 }
 
@@ -109,7 +120,7 @@ impl Directory {
         let n = self.len.load(Ordering::Acquire);
         let slot = self.entries.get(n)?;
         let ranges = std::sync::Arc::new(RangeTable::default());
-        let state = Isolated(Mutex::new(make(ranges.clone())));
+        let state = Isolated(StreamLock::new(make(ranges.clone())));
         let entry = slot.get_or_init(|| StreamEntry {
             stream,
             ranges,

@@ -7,6 +7,8 @@
 //! region, so a free merges with free neighbours in O(log n).
 
 use std::collections::{BTreeMap, HashMap};
+
+use super::index::{Entry, FreeIndex};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A block's index in the heap's arena.
@@ -21,6 +23,8 @@ pub(crate) enum State {
     Allocated,
     /// Freed by the caller, waiting for streams recorded on it.
     PendingFree,
+    /// Freed and kept unmerged for reuse at its exact size (`reuse`).
+    Kept,
 }
 
 /// A contiguous sub-range of a region.
@@ -86,7 +90,7 @@ type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 pub(crate) struct Heap {
     blocks: Vec<Block>,
     spare: Vec<BlockId>,
-    free: BTreeMap<(u64, u64), BlockId>,
+    free: FreeIndex,
     live: AddrMap<BlockId>,
     regions: BTreeMap<u64, Region>,
     split_free: (u64, u64),
@@ -160,8 +164,8 @@ impl Heap {
     /// Free blocks of at least `size` bytes, smallest first (ties by address).
     pub(crate) fn fits(&self, size: u64) -> impl Iterator<Item = (BlockId, &Block)> {
         self.free
-            .range((size, 0)..)
-            .map(|(_, id)| (*id, &self.blocks[*id as usize]))
+            .fits(size)
+            .map(|e| (e.id, &self.blocks[e.id as usize]))
     }
 
     /// The block with this id.
@@ -192,7 +196,7 @@ impl Heap {
     /// Whether the free index holds exactly this block.
     pub(crate) fn indexed(&self, id: BlockId) -> bool {
         let b = &self.blocks[id as usize];
-        self.free.get(&(b.size, b.addr)) == Some(&id)
+        self.free.get(b.size, b.addr).is_some_and(|e| e.id == id)
     }
 
     /// Allocates `[at, at + size)` out of free block `id`, which must contain it;
@@ -219,16 +223,44 @@ impl Heap {
         id
     }
 
-    /// Marks an allocated block as waiting for streams.
-    pub(crate) fn set_pending(&mut self, id: BlockId) {
-        self.blocks[id as usize].state = State::PendingFree;
+    /// Takes the allocated or pending block at `addr` out of the address
+    /// index (a free's one lookup); [`Heap::set_pending`] or
+    /// [`Heap::release`] follows.
+    pub(crate) fn take_live(&mut self, addr: u64) -> Option<BlockId> {
+        self.live.remove(&addr)
     }
 
-    /// Frees a live block and merges it with free neighbours; returns
-    /// the id of the resulting free block.
+    /// Puts a block taken by [`Heap::take_live`] back: allocated, or waiting
+    /// for streams when `pending`.
+    pub(crate) fn restore_live(&mut self, id: BlockId, pending: bool) {
+        let b = &mut self.blocks[id as usize];
+        if pending {
+            b.state = State::PendingFree;
+        }
+        self.live.insert(b.addr, id);
+    }
+
+    /// Keeps a block taken by [`Heap::take_live`] out of the free index, for
+    /// reuse at its exact size.
+    pub(crate) fn keep(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.state = State::Kept;
+        b.requested = 0;
+    }
+
+    /// Hands a kept block out again.
+    pub(crate) fn reuse(&mut self, id: BlockId, requested: u64) {
+        let b = &mut self.blocks[id as usize];
+        b.state = State::Allocated;
+        b.requested = requested;
+        self.live.insert(b.addr, id);
+    }
+
+    /// Frees a block taken by [`Heap::take_live`] (or a kept one) and merges
+    /// it with free neighbours; returns the id of the resulting free block.
     pub(crate) fn release(&mut self, id: BlockId) -> BlockId {
         let b = &mut self.blocks[id as usize];
-        self.live.remove(&b.addr);
+        debug_assert!(!self.live.contains_key(&b.addr), "release of a live block");
         b.state = State::Free;
         b.requested = 0;
         let mut id = id;
@@ -329,7 +361,11 @@ impl Heap {
             self.split_free.0 += 1;
             self.split_free.1 += b.size;
         }
-        self.free.insert((b.size, b.addr), id);
+        self.free.insert(Entry {
+            size: b.size,
+            addr: b.addr,
+            id,
+        });
     }
 
     fn remove_free(&mut self, id: BlockId) {
@@ -338,7 +374,7 @@ impl Heap {
             self.split_free.0 -= 1;
             self.split_free.1 -= b.size;
         }
-        self.free.remove(&(b.size, b.addr));
+        self.free.remove(b.size, b.addr);
     }
 }
 
@@ -370,6 +406,7 @@ mod tests {
         assert_eq!(h.split_free(), (2, (1 << 20) - 4096));
         assert_eq!(h.live(0x1000_2000), Some(a));
         assert_eq!(h.block(a).requested, 4000);
+        assert_eq!(h.take_live(0x1000_2000), Some(a));
         let merged = h.release(a);
         assert_eq!(h.free_count(), 1);
         assert_eq!(h.block(merged).size, 1 << 20);
@@ -389,8 +426,10 @@ mod tests {
         let x = h.carve(id, 1 << 30, 4096, 1);
         assert_eq!(h.remove_region(1 << 30), None, "region in use");
         assert_eq!(h.idle_regions(), vec![(0, 1 << 20)]);
-        h.set_pending(x);
+        assert_eq!(h.take_live(1 << 30), Some(x));
+        h.restore_live(x, true);
         assert_eq!(h.block(x).state, State::PendingFree);
+        assert_eq!(h.take_live(1 << 30), Some(x));
         h.release(x);
         assert_eq!(h.idle_regions(), vec![(0, 1 << 20), (1 << 30, 64 << 10)]);
         assert!(h.indexed(h.fits(64 << 10).next().unwrap().0));

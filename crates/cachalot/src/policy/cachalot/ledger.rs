@@ -61,11 +61,11 @@ impl Ledger {
     /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
     pub(crate) fn allocated(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
         let s = &mut self.stats;
-        s.allocation.update(small, 1);
-        s.allocated_bytes.update(small, size as i64);
-        s.active.update(small, 1);
-        s.active_bytes.update(small, size as i64);
-        s.requested_bytes.update(small, requested as i64);
+        s.allocation.increase(small, 1);
+        s.allocated_bytes.increase(small, size);
+        s.active.increase(small, 1);
+        s.active_bytes.increase(small, size);
+        s.requested_bytes.increase(small, requested);
         self.emit(Action::Alloc, addr, requested);
     }
 
@@ -78,8 +78,8 @@ impl Ledger {
         requested: u64,
     ) {
         let s = &mut self.stats;
-        s.allocation.update(small, -1);
-        s.allocated_bytes.update(small, -(size as i64));
+        s.allocation.decrease(small, 1);
+        s.allocated_bytes.decrease(small, size);
         self.emit(Action::FreeRequested, addr, requested);
     }
 
@@ -92,9 +92,9 @@ impl Ledger {
         requested: u64,
     ) {
         let s = &mut self.stats;
-        s.active.update(small, -1);
-        s.active_bytes.update(small, -(size as i64));
-        s.requested_bytes.update(small, -(requested as i64));
+        s.active.decrease(small, 1);
+        s.active_bytes.decrease(small, size);
+        s.requested_bytes.decrease(small, requested);
         self.emit(Action::FreeCompleted, addr, requested);
     }
 

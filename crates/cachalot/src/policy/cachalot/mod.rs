@@ -4,8 +4,13 @@
 //!
 //! * Each stream owns two **pools** (small: requests of 1 MiB or less; large),
 //!   each a **heap** (`heap`): blocks in an id-addressed arena tiling the pool's
-//!   regions, a best-fit index of free blocks (`BTreeMap` by size, then address)
-//!   and an address index of live ones. Blocks are 512-byte multiples.
+//!   regions, a best-fit index of free blocks (`index`: size classes found by
+//!   a bitmap, each a short vector by size, then address) and an address
+//!   index of live ones. Blocks are 512-byte multiples.
+//! * The small pool (with virtual memory) keeps freed blocks unmerged in
+//!   exact-size lists (`reuse`) for the next request of that size; they go
+//!   back into the heap before any page is mapped, on `empty_cache` and on
+//!   out of memory.
 //! * With virtual memory, a pool's region is one reserved virtual range of twice
 //!   the device's memory, and `slots` tracks its 2 MiB page slots: which hold a
 //!   physical page, how many live blocks touch each, and the mapped slots no
@@ -54,12 +59,15 @@
 //! pages: before the churn rule, a second pass of bert_dynamic made 1,788 driver
 //! calls with it instead of 3,482 (tests/cachalot_traces.rs).
 //!
-//! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock the
-//! stream, one `BTreeMap` range lookup whose first hit is almost always fully
-//! mapped, bump the users of its slots, split, update statistics in
-//! `ledger`. `free`: find the stream by address (ranges published per stream
-//! in atomics), lock it, one hash lookup, merge with free neighbours. No backend
-//! call unless a page must be mapped, a segment allocated or an event recorded.
+//! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock
+//! the stream; a small request of a size freed before pops its reuse list;
+//! otherwise one size-class lookup whose best fit is almost always fully
+//! mapped (a bit test), bump the users of its slots (the two end slots one by
+//! one, the others filled), split, update statistics in `ledger`. `free`:
+//! find the stream by address (ranges published per stream in atomics), lock
+//! it, one hash removal, then push to a reuse list (small) or merge with free
+//! neighbours (large). No backend call unless a page must be mapped, a segment
+//! allocated or an event recorded.
 //!
 //! # Locking
 //!
@@ -96,9 +104,11 @@
 mod audit;
 mod directory;
 mod heap;
+mod index;
 mod ledger;
 mod pages;
 mod pool;
+mod reuse;
 mod slots;
 mod stream;
 
@@ -193,12 +203,12 @@ impl CachalotAllocator {
         })
     }
 
-    /// Runs `f` on the live allocation at `ptr` under its stream's lock: the
-    /// stream whose range holds `ptr`, else (for segments) each in turn.
-    fn with_live<T>(
+    /// Runs `f` under the lock of the stream owning `ptr`: the stream whose
+    /// range holds it, else (for segments) each in turn until one knows it.
+    fn with_owner<T>(
         &self,
         ptr: DevicePtr,
-        f: impl FnOnce(&mut StreamState, usize, heap::BlockId) -> Result<T>,
+        mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
     ) -> Result<T> {
         let owner = self.streams.owner_of(ptr);
         let segments = self.pages.granularity() == 0;
@@ -207,9 +217,8 @@ impl CachalotAllocator {
             .chain(self.streams.iter().filter(|_| segments && owner.is_none()));
         let mut reason = FreeError::Foreign;
         for entry in candidates {
-            let mut st = entry.lock();
-            match st.find(ptr) {
-                Ok((p, id)) => return f(&mut st, p, id),
+            match f(&mut entry.lock()) {
+                Ok(v) => return Ok(v),
                 Err(FreeError::DoubleFree) => reason = FreeError::DoubleFree,
                 Err(FreeError::Foreign) => {}
             }
@@ -291,17 +300,11 @@ impl DeviceAllocator for CachalotAllocator {
         if ptr == 0 {
             return Ok(());
         }
-        self.with_live(ptr, |st, p, id| {
-            st.free(&self.pages, p, id);
-            Ok(())
-        })
+        self.with_owner(ptr, |st| st.free(&self.pages, ptr))
     }
 
     fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
-        self.with_live(ptr, |st, _, _| {
-            st.record_stream(ptr, stream)
-                .map_err(|reason| Error::InvalidFree { ptr, reason })
-        })
+        self.with_owner(ptr, |st| st.record_stream(ptr, stream))
     }
 
     fn empty_cache(&self) -> Result<()> {

@@ -33,8 +33,12 @@ impl fmt::Debug for Pages {
 
 impl Pages {
     /// Pages of the backend's granularity.
+    /// A granularity that is not a power of two (no GPU has one) is treated
+    /// as no virtual memory: page slots are found by shifts.
     pub(crate) fn new(backend: Arc<dyn Backend>) -> Pages {
-        let granularity = backend.capabilities().granularity;
+        let granularity = Some(backend.capabilities().granularity)
+            .filter(|g| g.is_power_of_two())
+            .unwrap_or(0);
         Pages {
             backend,
             granularity,

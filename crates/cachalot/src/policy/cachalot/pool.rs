@@ -11,6 +11,7 @@ use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 use super::heap::{BlockId, Heap, State};
 use super::ledger::Ledger;
 use super::pages::Pages;
+use super::reuse::Reuse;
 use super::slots::Slots;
 
 /// Requests of at most this many bytes go to the small pool.
@@ -48,6 +49,8 @@ pub(crate) struct Pool {
     /// Page slots of the reserved range (virtual memory only, once reserved).
     pub(crate) slots: Option<Slots>,
     range: Option<(u64, u64)>,
+    /// Freed blocks kept for exact-size reuse (the small pool, with pages).
+    kept: Reuse,
 }
 
 impl Pool {
@@ -58,7 +61,45 @@ impl Pool {
             heap: Heap::default(),
             slots: None,
             range: None,
+            kept: Reuse::default(),
         }
+    }
+
+    /// Keeps a freed block (taken from the address index) for reuse at its
+    /// exact size; it keeps its pages.
+    pub(crate) fn keep(&mut self, id: BlockId) {
+        self.heap.keep(id);
+        self.kept.push(self.heap.block(id).size, id);
+    }
+
+    /// A kept block of exactly `size` bytes handed out for `requested`.
+    pub(crate) fn reuse(&mut self, size: u64, requested: u64) -> Option<u64> {
+        let id = self.kept.pop(size)?;
+        self.heap.reuse(id, requested);
+        Some(self.heap.block(id).addr)
+    }
+
+    /// Merges every kept block back into the heap and releases its slots.
+    pub(crate) fn release_kept(&mut self) {
+        if self.kept.len() == 0 {
+            return;
+        }
+        for (size, id) in self.kept.drain() {
+            if let Some(slots) = self.slots.as_mut() {
+                slots.release(slots.span(self.heap.block(id).addr, size));
+            }
+            self.heap.release(id);
+        }
+    }
+
+    /// Number of kept blocks.
+    pub(crate) fn kept_count(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether block `id` is in the kept lists exactly once.
+    pub(crate) fn is_kept(&self, id: BlockId) -> bool {
+        self.kept.holds_once(self.heap.block(id).size, id)
     }
 
     /// The reserved range (base, size), if any.
@@ -102,6 +143,21 @@ impl Pool {
                 unmapped: 0,
             });
         };
+        // The usual case: the best fit lies on mapped pages.
+        let (id, b) = self.heap.fits(size).next()?;
+        if slots.all_mapped(b.addr, size) {
+            return Some(Placement {
+                id,
+                at: b.addr,
+                unmapped: 0,
+            });
+        }
+        self.place_mapping(slots, size)
+    }
+
+    /// Placement when the best fit's first pages are not all mapped: a near fit
+    /// on mapped pages, else the placement needing the fewest new pages.
+    fn place_mapping(&self, slots: &Slots, size: u64) -> Option<Placement> {
         let mut best: Option<Placement> = None;
         for (k, (id, b)) in self.heap.fits(size).enumerate() {
             if k >= SCAN && best.is_some() {
@@ -256,6 +312,7 @@ impl Pool {
             }
             return Ok(());
         }
+        self.release_kept();
         let cold = self
             .slots
             .as_ref()
@@ -306,7 +363,7 @@ impl Pool {
                 .map(|b| {
                     let (start, end) = (b.addr.max(base), b.end().min(base + size));
                     let state = match b.state {
-                        State::Free => BlockState::Inactive,
+                        State::Free | State::Kept => BlockState::Inactive,
                         State::Allocated => BlockState::ActiveAllocated,
                         State::PendingFree => BlockState::ActivePendingFree,
                     };
@@ -349,6 +406,7 @@ mod tests {
         let a = pool.heap.carve(id, base, 4 * G, 1);
         slots.install(0, PageHandle(1));
         slots.install(1, PageHandle(2));
+        pool.heap.take_live(base);
         pool.heap.release(a);
         pool.slots = Some(slots);
         let p = pool.place(G).unwrap();

@@ -10,18 +10,21 @@ use std::ops::Range;
 
 use crate::backend::PageHandle;
 
-#[derive(Copy, Clone, Debug, Default)]
-struct Slot {
-    page: Option<PageHandle>,
-    users: u32,
-}
-
 /// See the module docs.
+///
+/// Three parallel arrays over the known slots (the range's first slots up to
+/// the highest one ever used): the page of each slot, its users, and a bitmap
+/// of the mapped ones, so counting the unmapped slots of a span is a few
+/// popcounts. A span's interior slots belong to its block alone, so taking or
+/// dropping a block touches its two end slots one by one and fills the rest.
 #[derive(Debug)]
 pub(crate) struct Slots {
     base: u64,
-    granularity: u64,
-    slots: Vec<Slot>,
+    /// log2 of the slot size.
+    shift: u32,
+    pages: Vec<Option<PageHandle>>,
+    users: Vec<u32>,
+    bits: Vec<u64>,
     /// Where the next sweep for a cached page starts.
     hand: u32,
     /// Mapped slots.
@@ -35,12 +38,16 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    /// The slots of a range starting at `base`, `granularity` bytes each.
+    /// The slots of a range starting at `base`, `granularity` bytes each (a
+    /// power of two).
     pub(crate) fn new(base: u64, granularity: u64) -> Slots {
+        debug_assert!(granularity.is_power_of_two());
         Slots {
             base,
-            granularity,
-            slots: Vec::new(),
+            shift: granularity.trailing_zeros(),
+            pages: Vec::new(),
+            users: Vec::new(),
+            bits: Vec::new(),
             hand: 0,
             mapped: 0,
             in_use: 0,
@@ -51,60 +58,85 @@ impl Slots {
 
     /// The slot size in bytes.
     pub(crate) fn granularity(&self) -> u64 {
-        self.granularity
+        1 << self.shift
     }
 
     /// The slots `[addr, addr + size)` touches.
     pub(crate) fn span(&self, addr: u64, size: u64) -> Range<u32> {
-        let first = (addr - self.base) / self.granularity;
-        let last = (addr + size.max(1) - 1 - self.base) / self.granularity;
+        let first = (addr - self.base) >> self.shift;
+        let last = (addr + size.max(1) - 1 - self.base) >> self.shift;
         first as u32..last as u32 + 1
     }
 
     /// The address of a slot.
     pub(crate) fn addr(&self, slot: u32) -> u64 {
-        self.base + u64::from(slot) * self.granularity
+        self.base + (u64::from(slot) << self.shift)
     }
 
-    fn get(&self, slot: u32) -> Slot {
-        self.slots.get(slot as usize).copied().unwrap_or_default()
-    }
-
-    fn get_mut(&mut self, slot: u32) -> &mut Slot {
-        let i = slot as usize;
-        if i >= self.slots.len() {
-            self.slots.resize(i + 1, Slot::default());
+    /// Makes the first `n` slots known.
+    fn grow(&mut self, n: usize) {
+        if n > self.pages.len() {
+            self.pages.resize(n, None);
+            self.users.resize(n, 0);
+            self.bits.resize(n.div_ceil(64), 0);
         }
-        &mut self.slots[i]
     }
 
     /// Whether `slot` holds a page.
     pub(crate) fn is_mapped(&self, slot: u32) -> bool {
-        self.get(slot).page.is_some()
+        let i = slot as usize;
+        self.bits
+            .get(i / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
+    /// Mapped slots among the known slots of `span`.
+    fn mapped_count(&self, span: Range<u32>) -> u64 {
+        let end = (span.end as usize).min(self.pages.len());
+        let mut i = span.start as usize;
+        let mut count = 0;
+        while i < end {
+            let (w, bit) = (i / 64, i % 64);
+            let take = (64 - bit).min(end - i);
+            let mask = u64::MAX >> (64 - take) << bit;
+            count += u64::from((self.bits[w] & mask).count_ones());
+            i += take;
+        }
+        count
+    }
+
+    /// Whether every slot under `[addr, addr + size)` holds a page.
+    pub(crate) fn all_mapped(&self, addr: u64, size: u64) -> bool {
+        let span = self.span(addr, size);
+        if span.end - span.start == 1 {
+            return self.is_mapped(span.start);
+        }
+        self.unmapped_in(span) == 0
     }
 
     /// Slots in `span` without a page.
     pub(crate) fn unmapped_in(&self, span: Range<u32>) -> u64 {
-        let (start, end) = (span.start as usize, span.end as usize);
-        let known = &self.slots[start.min(self.slots.len())..end.min(self.slots.len())];
-        let beyond = end.saturating_sub(self.slots.len().max(start));
-        (known.iter().filter(|s| s.page.is_none()).count() + beyond) as u64
+        if span.end - span.start == 1 {
+            return u64::from(!self.is_mapped(span.start));
+        }
+        u64::from(span.end - span.start) - self.mapped_count(span)
     }
 
     /// The page-aligned start in `[lo, hi - size]` whose `size` bytes need the
     /// fewest new pages, with that count; the lowest such start on ties. Only
     /// starts whose window begins among the known slots are looked at.
     pub(crate) fn best_window(&self, lo: u64, hi: u64, size: u64) -> Option<(u64, u64)> {
-        let g = self.granularity;
+        let g = self.granularity();
         let first = (lo - self.base).div_ceil(g);
         let last = hi.checked_sub(size)?.checked_sub(self.base)? / g;
-        let last = last.min(self.slots.len() as u64);
+        let last = last.min(self.pages.len() as u64);
         if first > last {
             return None;
         }
         let k = size.div_ceil(g);
-        let unmapped = |s: u64| u64::from(self.get(s as u32).page.is_none());
-        let mut count: u64 = (first..first + k).map(unmapped).sum();
+        let unmapped = |s: u64| u64::from(!self.is_mapped(s as u32));
+        let window = |s: u64| self.unmapped_in(s as u32..(s + k) as u32);
+        let mut count = window(first);
         let mut best = (first, count);
         for s in first + 1..=last {
             count = count + unmapped(s + k - 1) - unmapped(s - 1);
@@ -120,51 +152,81 @@ impl Slots {
 
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
-        if span.end as usize > self.slots.len() {
-            self.slots.resize(span.end as usize, Slot::default());
+        self.grow(span.end as usize);
+        let (first, last) = (span.start, span.end - 1);
+        self.add_user(first);
+        if last > first {
+            self.add_user(last);
         }
-        for slot in &mut self.slots[span.start as usize..span.end as usize] {
-            slot.users += 1;
-            if slot.users == 1 {
-                let mapped = slot.page.is_some();
-                self.in_use += 1;
-                self.cached -= u64::from(mapped);
-            }
+        if last > first + 1 {
+            let inner = first + 1..last;
+            debug_assert!(self.users[inner.start as usize..inner.end as usize]
+                .iter()
+                .all(|u| *u == 0));
+            self.users[inner.start as usize..inner.end as usize].fill(1);
+            self.in_use += u64::from(inner.end - inner.start);
+            self.cached -= self.mapped_count(inner);
+        }
+    }
+
+    fn add_user(&mut self, slot: u32) {
+        let users = &mut self.users[slot as usize];
+        *users += 1;
+        if *users == 1 {
+            self.in_use += 1;
+            self.cached -= u64::from(self.is_mapped(slot));
         }
     }
 
     /// Removes a user from every slot of `span`.
     pub(crate) fn release(&mut self, span: Range<u32>) {
-        for slot in &mut self.slots[span.start as usize..span.end as usize] {
-            slot.users -= 1;
-            if slot.users == 0 {
-                let mapped = slot.page.is_some();
-                self.in_use -= 1;
-                self.cached += u64::from(mapped);
-            }
+        let (first, last) = (span.start, span.end - 1);
+        self.drop_user(first);
+        if last > first {
+            self.drop_user(last);
+        }
+        if last > first + 1 {
+            let inner = first + 1..last;
+            debug_assert!(self.users[inner.start as usize..inner.end as usize]
+                .iter()
+                .all(|u| *u == 1));
+            self.users[inner.start as usize..inner.end as usize].fill(0);
+            self.in_use -= u64::from(inner.end - inner.start);
+            self.cached += self.mapped_count(inner);
+        }
+    }
+
+    fn drop_user(&mut self, slot: u32) {
+        let users = &mut self.users[slot as usize];
+        *users -= 1;
+        if *users == 0 {
+            self.in_use -= 1;
+            self.cached += u64::from(self.is_mapped(slot));
         }
     }
 
     /// Records that `page` is now mapped at `slot`.
     pub(crate) fn install(&mut self, slot: u32, page: PageHandle) {
+        self.grow(slot as usize + 1);
         let joins =
             u64::from(slot > 0 && self.is_mapped(slot - 1)) + u64::from(self.is_mapped(slot + 1));
-        let s = self.get_mut(slot);
-        debug_assert!(s.page.is_none(), "slot mapped twice");
-        s.page = Some(page);
-        let idle = s.users == 0;
+        let i = slot as usize;
+        debug_assert!(self.pages[i].is_none(), "slot mapped twice");
+        self.pages[i] = Some(page);
+        self.bits[i / 64] |= 1 << (i % 64);
         self.mapped += 1;
         self.runs = self.runs + 1 - joins;
-        self.cached += u64::from(idle);
+        self.cached += u64::from(self.users[i] == 0);
     }
 
     /// Records that the page at an unused `slot` was unmapped; returns it.
     pub(crate) fn uninstall(&mut self, slot: u32) -> Option<PageHandle> {
-        let s = self.get_mut(slot);
-        if s.users > 0 {
+        let i = slot as usize;
+        if self.users.get(i).is_none_or(|u| *u > 0) {
             return None;
         }
-        let page = s.page.take()?;
+        let page = self.pages[i].take()?;
+        self.bits[i / 64] &= !(1 << (i % 64));
         let joins =
             u64::from(slot > 0 && self.is_mapped(slot - 1)) + u64::from(self.is_mapped(slot + 1));
         self.mapped -= 1;
@@ -173,21 +235,24 @@ impl Slots {
         Some(page)
     }
 
+    fn is_cached(&self, slot: u32) -> bool {
+        self.is_mapped(slot) && self.users[slot as usize] == 0
+    }
+
     /// The next mapped slot without users after the hand, outside `keep`.
     pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
-        let n = self.slots.len() as u32;
-        let found = (0..n).map(|i| (self.hand + i) % n).find(|s| {
-            let slot = self.slots[*s as usize];
-            slot.page.is_some() && slot.users == 0 && !keep.contains(s)
-        })?;
+        let n = self.pages.len() as u32;
+        let found = (0..n)
+            .map(|i| (self.hand + i) % n)
+            .find(|s| self.is_cached(*s) && !keep.contains(s))?;
         self.hand = (found + 1) % n;
         Some(found)
     }
 
     /// Every mapped slot without users, by address.
     pub(crate) fn cached_slots(&self) -> Vec<u32> {
-        (0..self.slots.len() as u32)
-            .filter(|s| self.is_mapped(*s) && self.get(*s).users == 0)
+        (0..self.pages.len() as u32)
+            .filter(|s| self.is_cached(*s))
             .collect()
     }
 
@@ -214,13 +279,13 @@ impl Slots {
     /// Runs of contiguous mapped slots as (address, bytes), by address.
     pub(crate) fn mapped_runs(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for s in 0..self.slots.len() as u32 {
+        for s in 0..self.pages.len() as u32 {
             if !self.is_mapped(s) {
                 continue;
             }
             match out.last_mut() {
-                Some((a, n)) if *a + *n == self.addr(s) => *n += self.granularity,
-                _ => out.push((self.addr(s), self.granularity)),
+                Some((a, n)) if *a + *n == self.addr(s) => *n += self.granularity(),
+                _ => out.push((self.addr(s), self.granularity())),
             }
         }
         out
@@ -230,20 +295,20 @@ impl Slots {
     pub(crate) fn check(&self, users_of: impl Fn(u32) -> u32) -> Result<(), String> {
         let mut mapped = 0;
         let (mut in_use, mut cached) = (0, 0);
-        for (i, s) in self.slots.iter().enumerate() {
+        for (i, (users, page)) in self.users.iter().zip(&self.pages).enumerate() {
             let expect = users_of(i as u32);
-            if s.users != expect {
-                return Err(format!(
-                    "slot {i} has {} users, blocks say {expect}",
-                    s.users
-                ));
+            if *users != expect {
+                return Err(format!("slot {i} has {users} users, blocks say {expect}"));
             }
-            if s.users > 0 && s.page.is_none() {
+            if page.is_some() != self.is_mapped(i as u32) {
+                return Err(format!("slot {i}: page and mapped bit disagree"));
+            }
+            if *users > 0 && page.is_none() {
                 return Err(format!("slot {i} is used but not mapped"));
             }
-            mapped += u64::from(s.page.is_some());
-            in_use += u64::from(s.users > 0);
-            cached += u64::from(s.users == 0 && s.page.is_some());
+            mapped += u64::from(page.is_some());
+            in_use += u64::from(*users > 0);
+            cached += u64::from(*users == 0 && page.is_some());
         }
         let runs = self.mapped_runs().len() as u64;
         let got = (self.mapped, self.in_use, self.cached, self.runs);

@@ -164,11 +164,20 @@ impl StreamState {
             self.pools[p].ensure_range(pages, self.config.range_size)?;
             self.ranges.publish(p, self.pools[p].range());
         }
-        let none = BackendError::OutOfMemory {
+        if let Some(addr) = self.pools[p].reuse(size, requested) {
+            self.ledger.allocated(p == 0, addr, size, requested);
+            return Ok(addr);
+        }
+        let none = || BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
-        let place = self.pools[p].place(size).ok_or(none)?;
+        let mut place = self.pools[p].place(size).ok_or_else(none)?;
+        if place.unmapped > 0 && self.pools[0].kept_count() > 0 {
+            // Kept small blocks give their pages back before any is mapped.
+            self.pools[0].release_kept();
+            place = self.pools[p].place(size).ok_or_else(none)?;
+        }
         let slots = self.pools[p]
             .slots
             .as_mut()
@@ -340,14 +349,37 @@ impl StreamState {
         Ok(None)
     }
 
-    /// The pool and block of the live allocation at `ptr`.
-    pub(crate) fn find(&self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
-        // With ranges, the large pool's holds the pointer or the small pool is next.
+    /// The pools to look in for `ptr`: with ranges, the large pool's holds
+    /// the pointer or the small pool is next.
+    fn pool_order(&self, ptr: u64) -> [usize; 2] {
         let large_first = self.pools[1]
             .range()
             .is_some_and(|(b, n)| b <= ptr && ptr < b + n);
-        let order = if large_first { [1, 0] } else { [0, 1] };
-        for (p, pool) in order.map(|p| (p, &self.pools[p])) {
+        if large_first {
+            [1, 0]
+        } else {
+            [0, 1]
+        }
+    }
+
+    /// Why `ptr`, in no address index, cannot be freed.
+    fn not_live(&self, ptr: u64) -> FreeError {
+        let ours = self.pools.iter().any(|p| {
+            p.heap
+                .regions()
+                .any(|r| r.base <= ptr && ptr < r.base + r.size)
+        });
+        if ours {
+            FreeError::DoubleFree
+        } else {
+            FreeError::Foreign
+        }
+    }
+
+    /// The pool and block of the live allocation at `ptr`.
+    pub(crate) fn find(&self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
+        for p in self.pool_order(ptr) {
+            let pool = &self.pools[p];
             if let Some(id) = pool.heap.live(ptr) {
                 return match pool.heap.block(id).state {
                     State::Allocated => Ok((p, id)),
@@ -355,24 +387,31 @@ impl StreamState {
                 };
             }
         }
-        let ours = self.pools.iter().any(|p| {
-            p.heap
-                .regions()
-                .any(|r| r.base <= ptr && ptr < r.base + r.size)
-        });
-        Err(if ours {
-            FreeError::DoubleFree
-        } else {
-            FreeError::Foreign
-        })
+        Err(self.not_live(ptr))
     }
 
-    /// Frees the allocation `(p, id)` found by [`StreamState::find`].
-    /// Frees the allocation `(p, id)` found by [`StreamState::find`]. It cannot
-    /// fail: a device error only defers the block's reuse.
-    pub(crate) fn free(&mut self, pages: &Pages, p: usize, id: BlockId) {
+    /// Takes the allocated block at `ptr` out of its pool's address index.
+    fn take(&mut self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
+        for p in self.pool_order(ptr) {
+            let heap = &mut self.pools[p].heap;
+            if let Some(id) = heap.take_live(ptr) {
+                if heap.block(id).state == State::Allocated {
+                    return Ok((p, id));
+                }
+                heap.restore_live(id, true);
+                return Err(FreeError::DoubleFree);
+            }
+        }
+        Err(self.not_live(ptr))
+    }
+
+    /// Frees the allocation at `ptr`. A device error cannot fail it: it only
+    /// defers the block's reuse.
+    pub(crate) fn free(&mut self, pages: &Pages, ptr: u64) -> Result<(), FreeError> {
+        let (p, id) = self.take(ptr)?;
         self.free_inner(pages, p, id);
         self.ledger.flush();
+        Ok(())
     }
 
     fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) {
@@ -388,7 +427,7 @@ impl StreamState {
             self.complete(pages, p, id);
             return;
         };
-        self.pools[p].heap.set_pending(id);
+        self.pools[p].heap.restore_live(id, true);
         let backend = pages.backend().as_ref();
         let (mut events, mut wait_device) = (Vec::with_capacity(streams.len()), false);
         for s in streams {
@@ -418,12 +457,24 @@ impl StreamState {
         Ok(event)
     }
 
-    /// Makes a freed block reusable.
+    /// Completes a pending free whose streams have passed.
+    fn complete_pending(&mut self, pages: &Pages, done: Pending) {
+        self.spare_events.extend(done.events);
+        let addr = self.pools[done.pool].heap.block(done.id).addr;
+        self.pools[done.pool].heap.take_live(addr);
+        self.complete(pages, done.pool, done.id);
+    }
+
+    /// Makes a freed block reusable (it is in no address index).
     fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
+        if pool.small && pool.slots.is_some() && self.config.threshold.is_none() {
+            pool.keep(id);
+            return;
+        }
         if let Some(slots) = pool.slots.as_mut() {
             slots.release(slots.span(addr, size));
         }
@@ -469,8 +520,7 @@ impl StreamState {
                 continue;
             }
             let done = self.pending.swap_remove(i);
-            self.spare_events.extend(done.events);
-            self.complete(pages, done.pool, done.id);
+            self.complete_pending(pages, done);
         }
         Ok(())
     }
@@ -490,8 +540,7 @@ impl StreamState {
         }
         self.ledger.synced_all();
         for done in std::mem::take(&mut self.pending) {
-            self.spare_events.extend(done.events);
-            self.complete(pages, done.pool, done.id);
+            self.complete_pending(pages, done);
         }
         Ok(())
     }
