@@ -46,7 +46,7 @@
 //! re-mapped twice as many pages as it holds, and at least one per 1000
 //! allocations, without its peak of pages in use growing is *churning*, and its
 //! budget rises by `cachalot_churn_slack` (default 0.15: to 1.185 times that
-//! peak), for good (`stream`). Repeated passes of bert_dynamic then make 4,666,
+//! peak), for good (`stream`). Repeated passes of bert_dynamic then make 5,016,
 //! 616, 0, 0 driver calls, and reserve 1.200 times the peak requested bytes
 //! from the second pass on (PyTorch's expandable segments: 1.178, with no
 //! driver call after the first pass); a single pass, and every training trace,

@@ -164,6 +164,7 @@ impl StreamState {
             self.pools[p].ensure_range(pages, self.config.range_size)?;
             self.ranges.publish(p, self.pools[p].range());
         }
+        self.allocations += 1;
         if let Some(addr) = self.pools[p].reuse(size, requested) {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
@@ -185,7 +186,6 @@ impl StreamState {
         let span = slots.span(place.at, size);
         slots.acquire(span.clone());
         let in_use = self.in_use();
-        self.allocations += 1;
         if in_use > self.peak_in_use {
             self.peak_in_use = in_use;
             self.remaps = 0;
