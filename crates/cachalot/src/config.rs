@@ -133,12 +133,12 @@ pub struct AllocatorConfig {
     pub cachalot_reuse_slack: f64,
     /// `cachalot` policy: what a *churning* stream's budget adds to
     /// `cachalot_reuse_slack` (`cachalot_churn_slack`): one that has re-mapped
-    /// twice as many pages as it holds, and at least one per 1000 allocations,
-    /// without its peak of pages in use growing (a layout that never repeats, as
-    /// with a new shape at every step). Higher
-    /// trades reserved memory for fewer driver calls once a workload repeats; 0
-    /// keeps the tight budget for good. Default: 0.15 (the least with which
-    /// repeated passes of bert_dynamic settle with no driver calls).
+    /// twice as many pages as it holds, over at least 8 allocations per page and
+    /// at least one page per 1000 allocations, without its peak of pages in use
+    /// growing (a layout that never repeats, as with a new shape at every step).
+    /// Higher trades reserved memory for fewer driver calls once a workload
+    /// repeats; 0 keeps the tight budget for good. Default: 0.15 (the least with
+    /// which repeated passes of bert_dynamic settle with no driver calls).
     pub cachalot_churn_slack: f64,
     /// `cachalot` policy: cached (mapped but unused) bytes a stream keeps; past it,
     /// frees unmap and release the least recently used pages

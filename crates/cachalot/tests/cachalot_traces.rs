@@ -187,3 +187,22 @@ fn a_trickle_of_remaps_keeps_the_tight_budget() {
     assert!(calls[1..].iter().all(|c| *c > 1000), "{calls:?}");
     assert!(reserved <= 1.05, "reserved {reserved:.4} x peak requested");
 }
+
+#[test]
+fn a_burst_of_remaps_just_past_a_peak_is_not_churn() {
+    // With every size scaled by 1.25, one cold pass of bert re-maps twice its
+    // pages within 2000 allocations of its peak: too soon to be churning.
+    let ops: Vec<trace::Op> = trace::load("bert_dynamic")
+        .into_iter()
+        .map(|o| trace::Op {
+            size: o.size + o.size / 4,
+            ..o
+        })
+        .collect();
+    let sim = Arc::new(SimBackend::with_options(85_017_493_504, true));
+    let config = AllocatorConfig::parse("policy:cachalot").expect("a valid config");
+    let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
+    let out = trace::replay(&alloc, &sim, &ops, 0);
+    println!("bert_dynamic x1.25: ratio {:.4}", out.ratio());
+    assert!(out.ratio() <= 1.05, "ratio {:.4}", out.ratio());
+}

@@ -5,15 +5,17 @@
 //! The budget is `1 + cachalot_reuse_slack` times the most pages the stream ever
 //! had in use. A stream that keeps re-mapping without its peak growing (a new
 //! shape at every step: its layout never repeats, so the cached pages are never
-//! where the next blocks land) is *churning*: once it has re-mapped
-//! [`CHURN_REMAPS`] times as many pages as it holds since its peak last grew, and
-//! at least one page per [`CHURN_RATE`] allocations (a trickle of remaps is
-//! cheaper than the memory), its budget rises by `cachalot_churn_slack` (default
-//! 0.15) for good, enough for a layout that stops moving. A single pass of a
-//! workload stays under the trigger, so its reserved memory keeps the tight
-//! budget; a workload that repeats settles with no driver calls. Replaying
-//! bert_dynamic pass after pass, a churn slack of 0.10 still leaves 232 driver
-//! calls per pass, 0.125 leaves 160, 0.15 none from the third pass.
+//! where the next blocks land) is *churning*: once, since its peak last grew, it
+//! has re-mapped [`CHURN_REMAPS`] times as many pages as it holds, over at least
+//! [`CHURN_ALLOCATIONS`] allocations per page it holds (churn that lasts, not a
+//! burst just past a peak), and at least one page per [`CHURN_RATE`]
+//! allocations (a trickle of remaps is cheaper than the memory), its budget
+//! rises by `cachalot_churn_slack` (default 0.15) for good, enough for most
+//! layouts to stop moving. A single pass of a workload stays under the trigger,
+//! so its reserved memory keeps the tight budget; a workload that repeats
+//! settles with few or no driver calls. Replaying bert_dynamic pass after pass,
+//! a churn slack of 0.10 still leaves 232 driver calls per pass, 0.125 leaves
+//! 160, 0.15 none from the third pass (0.20: none either, 4% more memory).
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -40,8 +42,13 @@ const SEGMENT_SLACK: f64 = 0.05;
 
 /// Re-mapped pages, as a multiple of the stream's mapped pages, since its peak
 /// of pages in use last grew, that make a stream churning. A single pass of
-/// bert_dynamic re-maps at most 1.6 times its pages between two peaks.
+/// bert_dynamic re-maps at most 1.6 times its pages between two peaks (2.0 with
+/// every size scaled by 1.25, but within 1957 allocations of 614 pages).
 const CHURN_REMAPS: u64 = 2;
+
+/// Allocations, as a multiple of the stream's mapped pages, since its peak of
+/// pages in use last grew, below which a stream is not churning yet.
+const CHURN_ALLOCATIONS: u64 = 8;
 
 /// Allocations per re-mapped page, since the peak of pages in use last grew,
 /// beyond which a stream is not churning whatever it re-mapped: one page per
@@ -307,6 +314,7 @@ impl StreamState {
     ) -> BackendResult<PageHandle> {
         let mapped = self.mapped();
         self.churning |= self.remaps >= CHURN_REMAPS * mapped.max(1)
+            && self.allocations >= CHURN_ALLOCATIONS * mapped
             && self.remaps * CHURN_RATE >= self.allocations;
         if mapped >= self.budget() {
             if let Some(page) = self.steal(pages, p, keep)? {
