@@ -88,10 +88,11 @@ pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Resul
             pool.heap.free_count()
         ));
     }
-    if (sums.active.0 as usize) != pool.heap.live_count() {
+    if sums.active.0 as usize + sums.kept != pool.heap.live_count() {
         return Err(format!(
-            "{} active blocks but {} in the address index",
+            "{} active and {} kept blocks but {} in the address index",
             sums.active.0,
+            sums.kept,
             pool.heap.live_count()
         ));
     }
@@ -142,7 +143,7 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
             }
             if b.state == State::Kept {
                 sums.kept += 1;
-                if !pool.is_kept(id) || pool.heap.live(b.addr).is_some() {
+                if !pool.is_kept(id) || pool.heap.live(b.addr) != Some(id) {
                     return Err(format!("kept block at {:#x} is misfiled", b.addr));
                 }
                 if let Some(slots) = &pool.slots {

@@ -67,7 +67,7 @@ pub(crate) struct Region {
 /// A hasher for 512-byte aligned addresses: one multiply, no DoS resistance
 /// needed (keys are our own addresses).
 #[derive(Default)]
-pub(crate) struct AddrHasher(u64);
+struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
@@ -173,12 +173,12 @@ impl Heap {
         &self.blocks[id as usize]
     }
 
-    /// The allocated or pending block starting at `addr`.
+    /// The allocated, pending or kept block starting at `addr`.
     pub(crate) fn live(&self, addr: u64) -> Option<BlockId> {
         self.live.get(&addr).copied()
     }
 
-    /// Number of allocated or pending blocks.
+    /// Number of blocks in the address index (allocated, pending, kept).
     pub(crate) fn live_count(&self) -> usize {
         self.live.len()
     }
@@ -223,25 +223,25 @@ impl Heap {
         id
     }
 
-    /// Takes the allocated or pending block at `addr` out of the address
-    /// index (a free's one lookup); [`Heap::set_pending`] or
-    /// [`Heap::release`] follows.
+    /// Takes the block at `addr` out of the address index (a free's one
+    /// lookup when the block will be merged); [`Heap::release`] or
+    /// [`Heap::restore_live`] follows.
     pub(crate) fn take_live(&mut self, addr: u64) -> Option<BlockId> {
         self.live.remove(&addr)
     }
 
-    /// Puts a block taken by [`Heap::take_live`] back: allocated, or waiting
-    /// for streams when `pending`.
-    pub(crate) fn restore_live(&mut self, id: BlockId, pending: bool) {
-        let b = &mut self.blocks[id as usize];
-        if pending {
-            b.state = State::PendingFree;
-        }
-        self.live.insert(b.addr, id);
+    /// Puts a block taken by [`Heap::take_live`] back in the address index.
+    pub(crate) fn restore_live(&mut self, id: BlockId) {
+        self.live.insert(self.blocks[id as usize].addr, id);
     }
 
-    /// Keeps a block taken by [`Heap::take_live`] out of the free index, for
-    /// reuse at its exact size.
+    /// Marks an allocated block as waiting for streams.
+    pub(crate) fn set_pending(&mut self, id: BlockId) {
+        self.blocks[id as usize].state = State::PendingFree;
+    }
+
+    /// Keeps a freed block (still in the address index, so a second free of
+    /// it is caught) out of the free index, for reuse at its exact size.
     pub(crate) fn keep(&mut self, id: BlockId) {
         let b = &mut self.blocks[id as usize];
         b.state = State::Kept;
@@ -253,11 +253,10 @@ impl Heap {
         let b = &mut self.blocks[id as usize];
         b.state = State::Allocated;
         b.requested = requested;
-        self.live.insert(b.addr, id);
     }
 
-    /// Frees a block taken by [`Heap::take_live`] (or a kept one) and merges
-    /// it with free neighbours; returns the id of the resulting free block.
+    /// Frees a block taken by [`Heap::take_live`] and merges it with free
+    /// neighbours; returns the id of the resulting free block.
     pub(crate) fn release(&mut self, id: BlockId) -> BlockId {
         let b = &mut self.blocks[id as usize];
         debug_assert!(!self.live.contains_key(&b.addr), "release of a live block");
@@ -427,7 +426,8 @@ mod tests {
         assert_eq!(h.remove_region(1 << 30), None, "region in use");
         assert_eq!(h.idle_regions(), vec![(0, 1 << 20)]);
         assert_eq!(h.take_live(1 << 30), Some(x));
-        h.restore_live(x, true);
+        h.restore_live(x);
+        h.set_pending(x);
         assert_eq!(h.block(x).state, State::PendingFree);
         assert_eq!(h.take_live(1 << 30), Some(x));
         h.release(x);

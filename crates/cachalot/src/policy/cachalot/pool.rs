@@ -49,24 +49,31 @@ pub(crate) struct Pool {
     /// Page slots of the reserved range (virtual memory only, once reserved).
     pub(crate) slots: Option<Slots>,
     range: Option<(u64, u64)>,
-    /// Freed blocks kept for exact-size reuse (the small pool, with pages).
+    /// Freed blocks kept for exact-size reuse (see [`Pool::keeps_freed`]).
     kept: Reuse,
+    keeps: bool,
 }
 
 impl Pool {
-    /// An empty pool.
-    pub(crate) fn new(small: bool) -> Pool {
+    /// An empty pool; `keeps` as [`Pool::keeps_freed`] (with pages only).
+    pub(crate) fn new(small: bool, keeps: bool) -> Pool {
         Pool {
             small,
             heap: Heap::default(),
             slots: None,
             range: None,
             kept: Reuse::default(),
+            keeps,
         }
     }
 
-    /// Keeps a freed block (taken from the address index) for reuse at its
-    /// exact size; it keeps its pages.
+    /// Whether freed blocks are kept for exact-size reuse (the small pool with
+    /// pages and no release threshold), staying in the address index.
+    pub(crate) fn keeps_freed(&self) -> bool {
+        self.keeps
+    }
+
+    /// Keeps a freed block for reuse at its exact size; it keeps its pages.
     pub(crate) fn keep(&mut self, id: BlockId) {
         self.heap.keep(id);
         self.kept.push(self.heap.block(id).size, id);
@@ -85,9 +92,11 @@ impl Pool {
             return;
         }
         for (size, id) in self.kept.drain() {
+            let addr = self.heap.block(id).addr;
             if let Some(slots) = self.slots.as_mut() {
-                slots.release(slots.span(self.heap.block(id).addr, size));
+                slots.release(slots.span(addr, size));
             }
+            self.heap.take_live(addr);
             self.heap.release(id);
         }
     }
@@ -129,7 +138,7 @@ impl Pool {
             return Ok(());
         }
         pages.backend().release_range(base, size)?;
-        *self = Pool::new(self.small);
+        *self = Pool::new(self.small, self.keeps);
         Ok(())
     }
 
@@ -397,7 +406,7 @@ mod tests {
 
     #[test]
     fn placement_prefers_mapped_pages() {
-        let mut pool = Pool::new(false);
+        let mut pool = Pool::new(false, false);
         let base = 1 << 40;
         pool.heap.add_region(base, 64 * G);
         let mut slots = Slots::new(base, G);
@@ -427,7 +436,7 @@ mod tests {
             crate::StreamId(0),
             std::time::Instant::now(),
         );
-        let mut pool = Pool::new(false);
+        let mut pool = Pool::new(false, false);
         assert!(pool.place(5 << 20).is_none());
         pool.grow(&pages, &mut ledger, 5 << 20).unwrap();
         assert_eq!(pool.recount_reserved(), (6 << 20, 1));

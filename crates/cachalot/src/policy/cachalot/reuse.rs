@@ -9,14 +9,10 @@
 //! mapped, and on `empty_cache` and out-of-memory flushes; the small pool is
 //! a few percent of a workload's memory, so what they keep is small.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use super::heap::BlockId;
 
-use super::heap::{AddrHasher, BlockId};
-
-/// Distinct sizes whose emptied lists are kept (bounds memory with varying
-/// shapes).
-const MAX_SIZES: usize = 4096;
+/// log2 of the size step (blocks are 512-byte multiples).
+const STEP_SHIFT: u32 = 9;
 
 /// The blocks of one size.
 #[derive(Debug, Default)]
@@ -29,18 +25,28 @@ struct List {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Reuse {
-    /// Blocks by exact size, most recently freed last. Emptied lists stay, so
-    /// a steady loop allocates nothing here.
-    lists: HashMap<u64, List, BuildHasherDefault<AddrHasher>>,
+    /// Blocks by exact size (one list per 512-byte multiple, grown to the
+    /// largest size kept), most recently freed last. Emptied lists stay, so a
+    /// steady loop allocates nothing here.
+    lists: Vec<List>,
     /// The sizes whose lists may be non-empty (what a drain visits).
     sizes: Vec<u64>,
     count: usize,
 }
 
+fn slot(size: u64) -> usize {
+    (size >> STEP_SHIFT) as usize
+}
+
 impl Reuse {
-    /// Keeps block `id` of `size` bytes.
+    /// Keeps block `id` of `size` bytes (a 512-byte multiple of the small
+    /// pool, so the lists stay a few thousand).
     pub(crate) fn push(&mut self, size: u64, id: BlockId) {
-        let list = self.lists.entry(size).or_default();
+        let i = slot(size);
+        if i >= self.lists.len() {
+            self.lists.resize_with(i + 1, List::default);
+        }
+        let list = &mut self.lists[i];
         if !list.listed {
             list.listed = true;
             self.sizes.push(size);
@@ -54,7 +60,7 @@ impl Reuse {
         if self.count == 0 {
             return None;
         }
-        let id = self.lists.get_mut(&size)?.ids.pop()?;
+        let id = self.lists.get_mut(slot(size))?.ids.pop()?;
         self.count -= 1;
         Some(id)
     }
@@ -63,13 +69,10 @@ impl Reuse {
     pub(crate) fn drain(&mut self) -> Vec<(u64, BlockId)> {
         let mut out = Vec::with_capacity(self.count);
         for size in self.sizes.drain(..) {
-            if let Some(list) = self.lists.get_mut(&size) {
+            if let Some(list) = self.lists.get_mut(slot(size)) {
                 list.listed = false;
                 out.extend(list.ids.drain(..).map(|id| (size, id)));
             }
-        }
-        if self.lists.len() > MAX_SIZES {
-            self.lists.clear();
         }
         self.count = 0;
         out
@@ -83,7 +86,7 @@ impl Reuse {
     /// Whether block `id` of `size` bytes is kept exactly once.
     pub(crate) fn holds_once(&self, size: u64, id: BlockId) -> bool {
         self.lists
-            .get(&size)
+            .get(slot(size))
             .is_some_and(|l| l.ids.iter().filter(|i| **i == id).count() == 1)
     }
 }

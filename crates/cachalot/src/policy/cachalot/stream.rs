@@ -124,7 +124,10 @@ impl StreamState {
     ) -> StreamState {
         StreamState {
             stream,
-            pools: [Pool::new(true), Pool::new(false)],
+            pools: [
+                Pool::new(true, config.range_size > 0 && config.threshold.is_none()),
+                Pool::new(false, false),
+            ],
             ledger,
             recorded: HashMap::new(),
             pending: Vec::new(),
@@ -401,14 +404,22 @@ impl StreamState {
     /// Takes the allocated block at `ptr` out of its pool's address index.
     fn take(&mut self, ptr: u64) -> Result<(usize, BlockId), FreeError> {
         for p in self.pool_order(ptr) {
-            let heap = &mut self.pools[p].heap;
-            if let Some(id) = heap.take_live(ptr) {
-                if heap.block(id).state == State::Allocated {
-                    return Ok((p, id));
-                }
-                heap.restore_live(id, true);
-                return Err(FreeError::DoubleFree);
+            // A block to be merged leaves the address index now (one lookup);
+            // one to be kept stays in it.
+            let pool = &mut self.pools[p];
+            let found = if pool.keeps_freed() {
+                pool.heap.live(ptr)
+            } else {
+                pool.heap.take_live(ptr)
+            };
+            let Some(id) = found else { continue };
+            if pool.heap.block(id).state == State::Allocated {
+                return Ok((p, id));
             }
+            if !pool.keeps_freed() {
+                pool.heap.restore_live(id);
+            }
+            return Err(FreeError::DoubleFree);
         }
         Err(self.not_live(ptr))
     }
@@ -435,7 +446,11 @@ impl StreamState {
             self.complete(pages, p, id);
             return;
         };
-        self.pools[p].heap.restore_live(id, true);
+        let pool = &mut self.pools[p];
+        if !pool.keeps_freed() {
+            pool.heap.restore_live(id);
+        }
+        pool.heap.set_pending(id);
         let backend = pages.backend().as_ref();
         let (mut events, mut wait_device) = (Vec::with_capacity(streams.len()), false);
         for s in streams {
@@ -468,18 +483,22 @@ impl StreamState {
     /// Completes a pending free whose streams have passed.
     fn complete_pending(&mut self, pages: &Pages, done: Pending) {
         self.spare_events.extend(done.events);
-        let addr = self.pools[done.pool].heap.block(done.id).addr;
-        self.pools[done.pool].heap.take_live(addr);
+        let pool = &mut self.pools[done.pool];
+        if !pool.keeps_freed() {
+            let addr = pool.heap.block(done.id).addr;
+            pool.heap.take_live(addr);
+        }
         self.complete(pages, done.pool, done.id);
     }
 
-    /// Makes a freed block reusable (it is in no address index).
+    /// Makes a freed block reusable (it is in the address index if and only
+    /// if its pool keeps freed blocks).
     fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
-        if pool.small && pool.slots.is_some() && self.config.threshold.is_none() {
+        if pool.keeps_freed() {
             pool.keep(id);
             return;
         }
