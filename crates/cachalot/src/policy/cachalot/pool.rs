@@ -186,7 +186,17 @@ impl Pool {
             }
         }
         // Every near fit needs new pages: look through all free blocks, inside
-        // them too, for the placement needing the fewest (each costs a remap).
+        // them too, first for a window on mapped pages (a fast bitmap scan),
+        // then for the placement needing the fewest new pages (each a remap).
+        for (id, b) in self.heap.fits(size) {
+            if let Some(at) = slots.mapped_window(b.addr, b.end(), size) {
+                return Some(Placement {
+                    id,
+                    at,
+                    unmapped: 0,
+                });
+            }
+        }
         for (id, b) in self.heap.fits(size) {
             let Some((at, unmapped)) = slots.best_window(b.addr, b.end(), size) else {
                 continue;

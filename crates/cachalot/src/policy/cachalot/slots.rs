@@ -150,6 +150,35 @@ impl Slots {
         Some((self.base + best.0 * g, best.1))
     }
 
+    /// The lowest page-aligned start in `[lo, hi - size]` whose `size` bytes
+    /// lie on mapped pages only: [`Slots::best_window`]'s answer when it is
+    /// zero, found a word of the bitmap at a time.
+    pub(crate) fn mapped_window(&self, lo: u64, hi: u64, size: u64) -> Option<u64> {
+        let g = self.granularity();
+        let first = (lo - self.base).div_ceil(g);
+        let last = hi.checked_sub(size)?.checked_sub(self.base)? / g;
+        let k = size.div_ceil(g);
+        let end = (last + k).min(self.pages.len() as u64);
+        let (mut s, mut run_start) = (first, first);
+        while s < end && run_start <= last {
+            let (w, bit) = ((s / 64) as usize, s % 64);
+            let word = self.bits[w] >> bit;
+            let avail = (64 - bit).min(end - s);
+            let ones = u64::from((!word).trailing_zeros()).min(avail);
+            s += ones;
+            if s - run_start >= k {
+                return Some(self.base + run_start * g);
+            }
+            if ones < avail {
+                // `s` is unmapped: skip it and the unmapped slots after it.
+                let zeros = u64::from((word >> ones).trailing_zeros()).min(avail - ones);
+                s += zeros;
+                run_start = s;
+            }
+        }
+        None
+    }
+
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         self.grow(span.end as usize);
@@ -347,6 +376,39 @@ mod tests {
         assert_eq!(s.mapped_runs(), vec![(1 << 40, G)]);
         s.check(|_| 0).unwrap();
         assert!(s.check(|_| 1).is_err());
+    }
+
+    /// `mapped_window` is `best_window` when that finds a window on mapped
+    /// pages, on a seeded random bitmap.
+    #[test]
+    fn mapped_window_agrees_with_best_window() {
+        let mut s = Slots::new(0, G);
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for slot in 0..300u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if !x.is_multiple_of(5) {
+                s.install(slot, PageHandle(u64::from(slot) + 1));
+            }
+        }
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let lo = (x % 280) * G + (x >> 40) % 3 * 512;
+            let size = ((x >> 20) % 12 + 1) * G - (x >> 50) % 2 * 4096;
+            let hi = lo + size + (x >> 30) % 90 * G;
+            let want = s
+                .best_window(lo, hi, size)
+                .filter(|(_, n)| *n == 0)
+                .map(|(at, _)| at);
+            assert_eq!(
+                s.mapped_window(lo, hi, size),
+                want,
+                "lo {lo} hi {hi} size {size}"
+            );
+        }
     }
 
     #[test]
