@@ -210,8 +210,9 @@ uint64_t run_pattern(Contender& c, cudaStream_t stream, uint64_t seed, uint64_t 
   return ops;
 }
 
-// Runs the pattern on `threads` threads, each with its own stream, after one
-// untimed warm-up round; returns total operations per microsecond.
+// Runs the pattern on `threads` threads, each with its own stream, after an
+// untimed warm-up as long as the timed run; returns total operations per
+// microsecond.
 double scaling(const std::string& name, int threads, uint64_t steps) {
   auto contender = make(name);
   contender->release();
@@ -226,7 +227,7 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
       cudaStream_t stream;
       check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
       std::vector<void*> live(kSlots, nullptr);
-      run_pattern(*contender, stream, t + 1, steps / 4, live);
+      run_pattern(*contender, stream, t + 1, steps, live);
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       ops[t] = run_pattern(*contender, stream, t + 101, steps, live);

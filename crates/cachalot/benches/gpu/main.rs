@@ -6,8 +6,9 @@
 //! whole pass), the allocator's reserved bytes after the first pass, the device
 //! memory it took (cuMemGetInfo before and after the first pass), and what the
 //! simulator predicts for the same replay. Then the threaded pattern with 1, 2, 4
-//! and 8 threads, each on its own stream: total operations per microsecond (the
-//! median of three runs).
+//! and 8 threads, each on its own stream, after an untimed warm-up as long as
+//! the timed run (steady state, as for the passes): total operations per
+//! microsecond (the median of three runs).
 //!
 //! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
@@ -222,7 +223,7 @@ fn scaling(
             std::thread::spawn(move || -> Result<(u64, Instant), String> {
                 let stream = gpu.create_stream().map_err(|e| e.to_string())?;
                 let mut live = vec![0u64; PATTERN_SLOTS as usize];
-                let warm = run_pattern(alloc.as_ref(), stream, t as u64 + 1, steps / 4, &mut live);
+                let warm = run_pattern(alloc.as_ref(), stream, t as u64 + 1, steps, &mut live);
                 barrier.wait();
                 let done = warm.and_then(|_| {
                     run_pattern(alloc.as_ref(), stream, t as u64 + 101, steps, &mut live)

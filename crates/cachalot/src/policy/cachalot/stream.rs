@@ -55,6 +55,12 @@ const CHURN_ALLOCATIONS: u64 = 8;
 /// 1000 allocations is about one driver call per 1000 operations.
 const CHURN_RATE: u64 = 1000;
 
+/// Pages a stream may always cache beyond its peak in use, whatever its
+/// size: a few large blocks' worth, so a small heap (where the slack is less
+/// than one block) does not re-map at every step. Below the slack of every
+/// bundled trace (bert_dynamic's is 17 pages), so their ratios are unchanged.
+const MIN_SLACK_PAGES: u64 = 16;
+
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
 struct Pending {
@@ -339,7 +345,8 @@ impl StreamState {
             0.0
         };
         let slack = self.config.slack + churn;
-        ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64
+        let scaled = ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64;
+        scaled.max(self.peak_in_use + MIN_SLACK_PAGES)
     }
 
     /// Unmaps the coldest cached page of this stream outside `keep`.
