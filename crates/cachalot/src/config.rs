@@ -140,6 +140,11 @@ pub struct AllocatorConfig {
     /// repeats; 0 keeps the tight budget for good. Default: 0.15 (the least with
     /// which repeated passes of bert_dynamic settle with no driver calls).
     pub cachalot_churn_slack: f64,
+    /// `cachalot` policy: bytes of pages a stream may always map beyond the most
+    /// it ever had in use, whatever the slack (`cachalot_reuse_min_mb`), so a
+    /// small heap, whose slack is less than one large block, does not re-map
+    /// at every step. Default: 32 MiB (below the slack of every bundled trace).
+    pub cachalot_reuse_min: u64,
     /// `cachalot` policy: cached (mapped but unused) bytes a stream keeps; past it,
     /// frees unmap and release the least recently used pages
     /// (`cachalot_release_threshold_mb`). Default: unlimited (`None`).
@@ -165,6 +170,7 @@ impl Default for AllocatorConfig {
             graph_capture_record_stream_reuse: false,
             cachalot_reuse_slack: 0.035,
             cachalot_churn_slack: 0.15,
+            cachalot_reuse_min: 32 * MIB,
             cachalot_release_threshold: None,
             source: String::new(),
         }
@@ -255,12 +261,9 @@ impl AllocatorConfig {
                 self.cachalot_churn_slack = f;
             }
             "cachalot_release_threshold_mb" => {
-                let mb = parse_u64(key, value)?;
-                let bytes = mb
-                    .checked_mul(MIB)
-                    .ok_or_else(|| ConfigError::bad(key, value, "too large"))?;
-                self.cachalot_release_threshold = Some(bytes);
+                self.cachalot_release_threshold = Some(parse_mib(key, value)?);
             }
+            "cachalot_reuse_min_mb" => self.cachalot_reuse_min = parse_mib(key, value)?,
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
                 if !n.is_power_of_two() || n > 128 {
@@ -317,6 +320,13 @@ fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
         "False" => Ok(false),
         _ => Err(ConfigError::bad(key, value, "expected `True` or `False`")),
     }
+}
+
+/// A count of MiB, as bytes.
+fn parse_mib(key: &str, value: &str) -> Result<u64, ConfigError> {
+    parse_u64(key, value)?
+        .checked_mul(MIB)
+        .ok_or_else(|| ConfigError::bad(key, value, "too large"))
 }
 
 fn parse_u64(key: &str, value: &str) -> Result<u64, ConfigError> {
@@ -460,5 +470,10 @@ mod tests {
         assert_eq!(AllocatorConfig::default().cachalot_churn_slack, 0.15);
         assert_eq!(c.cachalot_release_threshold, Some(64 * MIB));
         assert_eq!(AllocatorConfig::default().cachalot_reuse_slack, 0.035);
+        assert_eq!(AllocatorConfig::default().cachalot_reuse_min, 32 * MIB);
+        let c = AllocatorConfig::parse("cachalot_reuse_min_mb:0").unwrap();
+        assert_eq!(c.cachalot_reuse_min, 0);
+        assert!(AllocatorConfig::parse("cachalot_reuse_min_mb:-1").is_err());
+        assert!(AllocatorConfig::parse(&format!("cachalot_reuse_min_mb:{}", u64::MAX)).is_err());
     }
 }

@@ -144,7 +144,7 @@ fn randomized_with_virtual_memory() {
     randomized(
         4,
         true,
-        "policy:cachalot,cachalot_reuse_slack:0,cachalot_release_threshold_mb:8",
+        "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0,cachalot_release_threshold_mb:8",
     );
 }
 
@@ -391,12 +391,19 @@ fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
 
 #[test]
 fn pages_are_remapped_past_the_reuse_slack() {
-    let (tight, tight_pages) = reserved_after_a_misfit("cachalot_reuse_slack:0");
+    let (tight, tight_pages) =
+        reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:0");
     let (loose, loose_pages) = reserved_after_a_misfit("cachalot_reuse_slack:1");
     assert_eq!(tight, 20 * MIB, "only the pages under b and c stay mapped");
     assert_eq!(tight_pages, 10);
     assert_eq!(loose, 28 * MIB, "a's pages stay cached");
     assert_eq!(loose_pages, 14);
+    let (floor, _) = reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:8");
+    assert_eq!(
+        floor,
+        28 * MIB,
+        "the 8 MiB floor keeps a's 4 pages without any slack"
+    );
 }
 
 #[test]

@@ -42,6 +42,6 @@ conformance_suite!(sim_novm_pytorch_roundup_4, || sim(
 conformance_suite!(sim_vm_cachalot, || sim(true, "policy:cachalot"));
 conformance_suite!(sim_vm_cachalot_tight, || sim(
     true,
-    "policy:cachalot,cachalot_reuse_slack:0"
+    "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0"
 ));
 conformance_suite!(sim_novm_cachalot, || sim(false, "policy:cachalot"));

@@ -186,7 +186,7 @@ fn random_ops_cachalot() {
     run(5, "policy:cachalot", 4000);
     run(
         6,
-        "policy:cachalot,cachalot_reuse_slack:0,cachalot_release_threshold_mb:16",
+        "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0,cachalot_release_threshold_mb:16",
         4000,
     );
 }

@@ -47,7 +47,8 @@
 //! page and at least one page per 1000 allocations, without its peak of pages
 //! in use growing is *churning*, and its budget rises by `cachalot_churn_slack`
 //! (default 0.15: to 1.185 times that peak), for good (`stream`). The budget
-//! is never under the peak plus 16 pages, so a small heap (where 3.5% is less
+//! is never under the peak plus `cachalot_reuse_min_mb` (default 32 MiB: 16
+//! pages), so a small heap (where 3.5% is less
 //! than a large block) does not re-map at every step: the GPU benchmark's
 //! threaded pattern (32 live blocks of 512 B to 20 MiB per thread) makes 6
 //! driver calls per 100,000 operations instead of 58. Repeated passes of
@@ -101,7 +102,8 @@
 //! # Configuration
 //!
 //! `cachalot_reuse_slack` (default 0.035), `cachalot_churn_slack` (default 0.15;
-//! 0 keeps the tight budget for churning streams too) and
+//! 0 keeps the tight budget for churning streams too), `cachalot_reuse_min_mb`
+//! (default 32) and
 //! `cachalot_release_threshold_mb` (default unlimited: cached pages stay mapped
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
@@ -172,6 +174,10 @@ impl CachalotAllocator {
         let stream_config = StreamConfig {
             slack: config.cachalot_reuse_slack,
             churn_slack: config.cachalot_churn_slack,
+            min_pages: match caps.granularity {
+                0 => 0,
+                g => config.cachalot_reuse_min.div_ceil(g),
+            },
             threshold: config.cachalot_release_threshold,
             range_size,
         };

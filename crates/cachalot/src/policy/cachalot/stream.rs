@@ -3,7 +3,9 @@
 //! and re-mapping a cached one.
 //!
 //! The budget is `1 + cachalot_reuse_slack` times the most pages the stream ever
-//! had in use. A stream that keeps re-mapping without its peak growing (a new
+//! had in use, and at least that peak plus `cachalot_reuse_min_mb` (a small
+//! heap's slack is less than one large block; 32 MiB is below the slack of
+//! every bundled trace, bert_dynamic's 17 pages included). A stream that keeps re-mapping without its peak growing (a new
 //! shape at every step: its layout never repeats, so the cached pages are never
 //! where the next blocks land) is *churning*: once, since its peak last grew, it
 //! has re-mapped [`CHURN_REMAPS`] times as many pages as it holds, over at least
@@ -55,12 +57,6 @@ const CHURN_ALLOCATIONS: u64 = 8;
 /// 1000 allocations is about one driver call per 1000 operations.
 const CHURN_RATE: u64 = 1000;
 
-/// Pages a stream may always cache beyond its peak in use, whatever its
-/// size: a few large blocks' worth, so a small heap (where the slack is less
-/// than one block) does not re-map at every step. Below the slack of every
-/// bundled trace (bert_dynamic's is 17 pages), so their ratios are unchanged.
-const MIN_SLACK_PAGES: u64 = 16;
-
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
 struct Pending {
@@ -79,6 +75,8 @@ pub(crate) struct StreamConfig {
     pub(crate) slack: f64,
     /// `cachalot_churn_slack`.
     pub(crate) churn_slack: f64,
+    /// `cachalot_reuse_min`, in pages.
+    pub(crate) min_pages: u64,
     /// `cachalot_release_threshold`.
     pub(crate) threshold: Option<u64>,
     /// Bytes of address space reserved per pool (virtual memory only).
@@ -346,7 +344,7 @@ impl StreamState {
         };
         let slack = self.config.slack + churn;
         let scaled = ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64;
-        scaled.max(self.peak_in_use + MIN_SLACK_PAGES)
+        scaled.max(self.peak_in_use + self.config.min_pages)
     }
 
     /// Unmaps the coldest cached page of this stream outside `keep`.
