@@ -117,7 +117,7 @@ fn print_table(rows: &[Row]) {
             Outcome::Replayed(r) => line.extend([
                 format_size(r.peak_requested_bytes),
                 format_size(r.peak_reserved_bytes),
-                format!("{:.3}", r.fragmentation()),
+                format!("{:.4}", r.fragmentation()),
                 r.segment_allocs.to_string(),
                 r.driver_calls.to_string(),
                 r.ooms.to_string(),
