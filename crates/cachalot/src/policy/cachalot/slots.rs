@@ -182,55 +182,61 @@ impl Slots {
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         self.grow(span.end as usize);
-        let (first, last) = (span.start, span.end - 1);
-        self.add_user(first);
-        if last > first {
-            self.add_user(last);
-        }
-        if last > first + 1 {
-            let inner = first + 1..last;
-            debug_assert!(self.users[inner.start as usize..inner.end as usize]
-                .iter()
-                .all(|u| *u == 0));
-            self.users[inner.start as usize..inner.end as usize].fill(1);
-            self.in_use += u64::from(inner.end - inner.start);
-            self.cached -= self.mapped_count(inner);
-        }
-    }
-
-    fn add_user(&mut self, slot: u32) {
-        let users = &mut self.users[slot as usize];
-        *users += 1;
-        if *users == 1 {
-            self.in_use += 1;
-            self.cached -= u64::from(self.is_mapped(slot));
-        }
+        self.change_users(span, true);
     }
 
     /// Removes a user from every slot of `span`.
     pub(crate) fn release(&mut self, span: Range<u32>) {
+        self.change_users(span, false);
+    }
+
+    /// Adds (`add`) or removes one user on every slot of a block's `span`: the
+    /// two end slots one by one; the slots between belong to the block alone,
+    /// so they go from no user to one (or back) all at once.
+    #[inline(always)]
+    fn change_users(&mut self, span: Range<u32>, add: bool) {
         let (first, last) = (span.start, span.end - 1);
-        self.drop_user(first);
+        self.change_user(first, add);
         if last > first {
-            self.drop_user(last);
+            self.change_user(last, add);
         }
         if last > first + 1 {
             let inner = first + 1..last;
-            debug_assert!(self.users[inner.start as usize..inner.end as usize]
-                .iter()
-                .all(|u| *u == 1));
-            self.users[inner.start as usize..inner.end as usize].fill(0);
-            self.in_use -= u64::from(inner.end - inner.start);
-            self.cached += self.mapped_count(inner);
+            let users = &mut self.users[inner.start as usize..inner.end as usize];
+            debug_assert!(users.iter().all(|u| *u == u32::from(!add)));
+            users.fill(u32::from(add));
+            let n = u64::from(inner.end - inner.start);
+            let mapped = self.mapped_count(inner);
+            self.count_users(add, n, mapped);
         }
     }
 
-    fn drop_user(&mut self, slot: u32) {
+    /// Adds or removes one user of `slot`.
+    #[inline(always)]
+    fn change_user(&mut self, slot: u32, add: bool) {
         let users = &mut self.users[slot as usize];
-        *users -= 1;
-        if *users == 0 {
-            self.in_use -= 1;
-            self.cached += u64::from(self.is_mapped(slot));
+        if add {
+            *users += 1;
+        } else {
+            *users -= 1;
+        }
+        // The slot just gained its first user or lost its last.
+        if *users == u32::from(add) {
+            let mapped = u64::from(self.is_mapped(slot));
+            self.count_users(add, 1, mapped);
+        }
+    }
+
+    /// `n` slots, `mapped` of them with a page, gained their first user
+    /// (`add`) or lost their last.
+    #[inline(always)]
+    fn count_users(&mut self, add: bool, n: u64, mapped: u64) {
+        if add {
+            self.in_use += n;
+            self.cached -= mapped;
+        } else {
+            self.in_use -= n;
+            self.cached += mapped;
         }
     }
 
