@@ -28,13 +28,13 @@
 //! ones at a reused address.
 
 use std::backtrace::Backtrace;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::addr_map::AddrMap;
 use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, Observer, TraceEvent};
 
@@ -184,32 +184,11 @@ pub struct LiveAllocation {
     pub free_requested: bool,
 }
 
-/// Hashes device addresses with one multiply: they are distinct and aligned,
-/// so SipHash's protection buys nothing on this path.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 #[derive(Debug, Default)]
 struct Recording {
     ring: VecDeque<RecordedEvent>,
     next_seq: u64,
-    live: HashMap<DevicePtr, LiveAllocation, BuildHasherDefault<AddrHasher>>,
+    live: AddrMap<LiveAllocation>,
 }
 
 /// A history recorder: an [`Observer`] to install on an allocator.

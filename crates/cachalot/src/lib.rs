@@ -45,6 +45,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(clippy::unwrap_used)]
 
+mod addr_map;
 pub mod allocator;
 pub mod backend;
 pub mod config;

@@ -6,10 +6,10 @@
 //! Blocks live in an id-addressed arena and link to their neighbours in the same
 //! region, so a free merges with free neighbours in O(log n).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::index::{Entry, FreeIndex};
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::addr_map::AddrMap;
 
 /// A block's index in the heap's arena.
 pub(crate) type BlockId = u32;
@@ -63,27 +63,6 @@ pub(crate) struct Region {
     pub(crate) size: u64,
     first: BlockId,
 }
-
-/// A hasher for 512-byte aligned addresses: one multiply, no DoS resistance
-/// needed (keys are our own addresses).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-    }
-}
-
-type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
 /// See the module docs.
 #[derive(Debug, Default)]

@@ -1,10 +1,10 @@
 //! The allocator's state and its block transitions: best-fit lookup, handing a
 //! block out (with its split), and taking a freed block back (with its merges).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use crate::addr_map::AddrMap;
 use crate::backend::{Backend, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 
@@ -28,37 +28,6 @@ pub(crate) struct Request {
     /// The size of a new segment for it.
     pub(crate) alloc_size: u64,
 }
-
-/// Hashes device addresses with one folded multiplication instead of SipHash
-/// (the map is private, so no untrusted keys). Folding the 128-bit product puts
-/// every address bit into both the low bits (the bucket) and the high bits (the
-/// tag): addresses are 512-byte aligned, so a plain product's low bits are zero.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct AddrHasher(u64);
-
-const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
-
-fn fold_mul(a: u64, b: u64) -> u64 {
-    let p = u128::from(a) * u128::from(b);
-    (p as u64) ^ ((p >> 64) as u64)
-}
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = fold_mul(self.0 ^ u64::from(*b), MIX);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = fold_mul(self.0 ^ n, MIX);
-    }
-}
-
-/// Allocated blocks by address.
-pub(crate) type AddrMap<V> = HashMap<DevicePtr, V, BuildHasherDefault<AddrHasher>>;
 
 /// Everything behind the allocator's lock.
 pub(crate) struct State {
@@ -333,22 +302,5 @@ impl State {
         }
         self.ledger
             .free_completed(addr, size, requested, small, stream);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-    use std::hash::BuildHasher;
-
-    use super::*;
-
-    #[test]
-    fn aligned_addresses_spread_over_the_low_bits() {
-        let build = BuildHasherDefault::<AddrHasher>::default();
-        let buckets: BTreeSet<u64> = (0..256u64)
-            .map(|k| build.hash_one(0x7f00_0000_0000 + k * 512) & 0xff)
-            .collect();
-        assert!(buckets.len() > 128, "{} buckets of 256", buckets.len());
     }
 }
