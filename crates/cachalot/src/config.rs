@@ -227,11 +227,7 @@ impl AllocatorConfig {
                 self.garbage_collection_threshold = t;
             }
             "per_process_memory_fraction" => {
-                let f = parse_f64(key, value)?;
-                if !(0.0..=1.0).contains(&f) {
-                    return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
-                }
-                self.per_process_memory_fraction = f;
+                self.per_process_memory_fraction = parse_fraction(key, value)?
             }
             "expandable_segments" => self.expandable_segments = parse_bool(key, value)?,
             "release_lock_on_cudamalloc" => {
@@ -246,20 +242,8 @@ impl AllocatorConfig {
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = parse_bool(key, value)?
             }
-            "cachalot_reuse_slack" => {
-                let f = parse_f64(key, value)?;
-                if !(0.0..=1.0).contains(&f) {
-                    return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
-                }
-                self.cachalot_reuse_slack = f;
-            }
-            "cachalot_churn_slack" => {
-                let f = parse_f64(key, value)?;
-                if !(0.0..=1.0).contains(&f) {
-                    return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
-                }
-                self.cachalot_churn_slack = f;
-            }
+            "cachalot_reuse_slack" => self.cachalot_reuse_slack = parse_fraction(key, value)?,
+            "cachalot_churn_slack" => self.cachalot_churn_slack = parse_fraction(key, value)?,
             "cachalot_release_threshold_mb" => {
                 self.cachalot_release_threshold = Some(parse_mib(key, value)?);
             }
@@ -333,6 +317,15 @@ fn parse_u64(key: &str, value: &str) -> Result<u64, ConfigError> {
     value
         .parse()
         .map_err(|_| ConfigError::bad(key, value, "expected a non-negative integer"))
+}
+
+/// A number within `[0, 1]`.
+fn parse_fraction(key: &str, value: &str) -> Result<f64, ConfigError> {
+    let f = parse_f64(key, value)?;
+    if !(0.0..=1.0).contains(&f) {
+        return Err(ConfigError::bad(key, value, "must be within [0.0, 1.0]"));
+    }
+    Ok(f)
 }
 
 fn parse_f64(key: &str, value: &str) -> Result<f64, ConfigError> {
