@@ -31,13 +31,10 @@ impl Stat {
     /// Adds `amount` to the gauge (a negative amount decreases it).
     #[inline]
     pub fn update(&mut self, amount: i64) {
-        self.current += amount;
-        debug_assert!(self.current >= 0, "stat went negative: {self:?}");
         if amount > 0 {
-            self.allocated += amount;
-            self.peak = self.peak.max(self.current);
+            self.increase(amount.unsigned_abs());
         } else {
-            self.freed -= amount;
+            self.decrease(amount.unsigned_abs());
         }
     }
 
