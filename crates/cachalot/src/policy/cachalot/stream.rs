@@ -5,9 +5,11 @@
 //! The budget is `1 + cachalot_reuse_slack` times the most pages the stream ever
 //! had in use, and at least that peak plus `cachalot_reuse_min_mb` (a small
 //! heap's slack is less than one large block; 32 MiB is below the slack of
-//! every bundled trace, bert_dynamic's 17 pages included). A stream that keeps re-mapping without its peak growing (a new
-//! shape at every step: its layout never repeats, so the cached pages are never
-//! where the next blocks land) is *churning*: once, since its peak last grew, it
+//! every bundled trace, bert_dynamic's 17 pages included).
+//!
+//! A stream that keeps re-mapping without its peak growing (a new shape at
+//! every step: its layout never repeats, so the cached pages are never where
+//! the next blocks land) is *churning*: once, since its peak last grew, it
 //! has re-mapped [`CHURN_REMAPS`] times as many pages as it holds, over at least
 //! [`CHURN_ALLOCATIONS`] allocations per page it holds (churn that lasts, not a
 //! burst just past a peak), and at least one page per [`CHURN_RATE`]
