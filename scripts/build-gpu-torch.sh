@@ -6,9 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-gpu-bin}
-cargo build --release -p cachalot-torch
+# The dist profile: release, optimized as one unit (fat LTO), as a shipped library.
+cargo build --profile dist -p cachalot-torch
 mkdir -p "$dest/torch/python" "$dest/torch/scripts"
-strip --strip-debug -o "$dest/torch/libcachalot_torch.so" target/release/libcachalot_torch.so
+strip --strip-debug -o "$dest/torch/libcachalot_torch.so" target/dist/libcachalot_torch.so
 cp python/*.py "$dest/torch/python/"
 cp scripts/torch_bench.py scripts/torch_ddp.py "$dest/torch/scripts/"
 echo "built: $(ls "$dest/torch")"

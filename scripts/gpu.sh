@@ -56,20 +56,27 @@ for check in "$(dirname "$bin")"/checks/*; do
   "$check" || { status=1; echo "FAILED: $(basename "$check")"; }
 done
 
-section "4. benchmark: native contenders (C++ extension)"
-passes=20; steps=50000
-[ "$quick" = --quick ] && { passes=5; steps=5000; }
+# The speed comparison runs all four allocators in one process, taking turns
+# (native_bench.py --plugin, with the plug-in from scripts/build-gpu-torch.sh
+# beside BIN); the Rust bench adds reserved memory, the simulator's prediction,
+# driver calls and cachalot's thread scaling.
+passes=20; steps=50000; turns=${TURNS:-15}
+[ "$quick" = --quick ] && { passes=5; steps=5000; turns=3; }
+plugin="$(dirname "$bin")/torch/libcachalot_torch.so"
+one_process=()
+[ -f "$plugin" ] && one_process=(--plugin "$plugin" --turns "$turns")
+section "4. benchmark: native contenders, and all four in one process (C++ extension)"
 python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json" \
-  --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps || status=1
-if [ ! -f "$bin/ext/cachalot_native_bench.so" ]; then
-  cp /tmp/cachalot-ext/cachalot_native_bench.so "$out/" 2>/dev/null && echo "built extension copied to \$OUT"
-fi
-
+  --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps \
+  "${one_process[@]}" || status=1
 section "5. benchmark: cachalot contenders (Rust)"
 if [ -x "$bin/gpu_bench" ]; then
   "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps || status=1
 else
   echo "skipped: no gpu_bench binary in $bin"
+fi
+if [ ! -f "$bin/ext/cachalot_native_bench.so" ] && [ -f /tmp/cachalot-ext/cachalot_native_bench.so ]; then
+  cp /tmp/cachalot-ext/cachalot_native_bench.so "$out/" && echo "built extension copied to \$OUT"
 fi
 
 section "6. PyTorch plug-in: side-stream tests and real models"

@@ -4,15 +4,26 @@
 // maximum (a kept pool). Both replay the same op lists as cachalot's Rust bench
 // (scripts/trace-to-ops.py writes them) and run the same threaded pattern, timed
 // inside C++ with steady_clock over the whole sequence.
+//
+// cachalot takes part through its PyTorch plug-in (libcachalot_torch.so) called
+// through its C entry points, as PyTorch calls it: contender "cachalot:<policy>"
+// loads a private copy of the library configured with policy:<policy>, so both
+// policies live in this process beside PyTorch's allocator. `turns` replays an
+// op list through several contenders in turn, so a slow spell of the host
+// touches each alike.
 #include <torch/extension.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -116,10 +127,72 @@ struct Async : Contender {
   }
 };
 
+// A private copy of cachalot's plug-in, configured with `conf`: the library
+// reads CACHALOT_ALLOC_CONF once, at its cachalot_init, and dlopen would hand
+// back the same instance for the same file, so each configuration loads its
+// own copy. Its reserved bytes are measured by cachalot's own bench, so
+// `reserved` reports none.
+struct Plugin : Contender {
+  using Alloc = void* (*)(ptrdiff_t, int, void*);
+  using Free = void (*)(void*, ptrdiff_t, int, void*);
+  using Flush = void (*)();
+  using Init = int (*)();
+  using LastError = char* (*)();
+  using StringFree = void (*)(char*);
+  Alloc alloc_fn{};
+  Free free_fn{};
+  Flush empty_fn{};
+  LastError error_fn{};
+  StringFree string_free_fn{};
+  Plugin(const std::string& path, const std::string& conf) {
+    static int copies = 0;
+    auto copy = std::filesystem::temp_directory_path() /
+                ("cachalot-plugin-" + std::to_string(getpid()) + "-" + std::to_string(copies++) + ".so");
+    std::filesystem::copy_file(path, copy, std::filesystem::copy_options::overwrite_existing);
+    setenv("CACHALOT_ALLOC_CONF", conf.c_str(), 1);
+    void* lib = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+    std::filesystem::remove(copy);
+    if (!lib) throw std::runtime_error("cannot load " + path + ": " + dlerror());
+    alloc_fn = reinterpret_cast<Alloc>(dlsym(lib, "cachalot_alloc"));
+    free_fn = reinterpret_cast<Free>(dlsym(lib, "cachalot_free"));
+    empty_fn = reinterpret_cast<Flush>(dlsym(lib, "cachalot_empty_cache"));
+    error_fn = reinterpret_cast<LastError>(dlsym(lib, "cachalot_last_error"));
+    string_free_fn = reinterpret_cast<StringFree>(dlsym(lib, "cachalot_string_free"));
+    auto init = reinterpret_cast<Init>(dlsym(lib, "cachalot_init"));
+    if (!alloc_fn || !free_fn || !empty_fn || !error_fn || !string_free_fn || !init)
+      throw std::runtime_error(path + " lacks cachalot's C entry points");
+    if (init() != 0) fail("cachalot_init (" + conf + ")");
+  }
+  [[noreturn]] void fail(const std::string& what) {
+    char* why = error_fn();
+    std::string message = what + ": " + (why ? why : "failed");
+    if (why) string_free_fn(why);
+    throw std::runtime_error(message);
+  }
+  void* alloc(size_t size, cudaStream_t stream) override {
+    void* p = alloc_fn(static_cast<ptrdiff_t>(size), 0, stream);
+    if (!p) fail("cachalot_alloc");
+    return p;
+  }
+  void free(void* ptr, cudaStream_t stream) override { free_fn(ptr, 0, 0, stream); }
+  std::pair<uint64_t, uint64_t> reserved() override { return {0, 0}; }
+  void release() override {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    empty_fn();
+  }
+};
+
+// The plug-in library for the "cachalot:<policy>" contenders (set_plugin sets it).
+std::string plugin_path;
+
 std::unique_ptr<Contender> make(const std::string& name) {
   if (name == "pytorch") return std::make_unique<Native>();
   if (name == "async") return std::make_unique<Async>();
-  throw std::runtime_error("unknown contender " + name + " (pytorch or async)");
+  const std::string prefix = "cachalot:";
+  if (name.rfind(prefix, 0) == 0 && !plugin_path.empty())
+    return std::make_unique<Plugin>(plugin_path, "policy:" + name.substr(prefix.size()));
+  throw std::runtime_error("unknown contender " + name +
+                           " (pytorch, async, or cachalot:<policy> after set_plugin)");
 }
 
 uint64_t device_free() {
@@ -128,21 +201,57 @@ uint64_t device_free() {
   return free;
 }
 
+// One pass over an op list, then a device synchronization; returns ns per op
+// (the timed region is the loop).
+double replay_pass(Contender& contender, const std::vector<Op>& ops, const std::vector<cudaStream_t>& streams,
+                   std::vector<void*>& ptrs, std::vector<uint32_t>& stream_of) {
+  auto start = std::chrono::steady_clock::now();
+  for (const Op& op : ops) {
+    if (op.alloc) {
+      ptrs[op.id] = contender.alloc(op.size, streams[op.stream]);
+      stream_of[op.id] = op.stream;
+    } else {
+      contender.free(ptrs[op.id], streams[stream_of[op.id]]);
+    }
+  }
+  auto stop = std::chrono::steady_clock::now();
+  // The pass's queued work finishes before the next pass (not timed).
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return std::chrono::duration<double, std::nano>(stop - start).count() / ops.size();
+}
+
+// The op list's id count and stream count.
+std::pair<uint32_t, uint32_t> shape(const std::vector<Op>& ops) {
+  uint32_t ids = 0, nstreams = 1;
+  for (auto& op : ops) {
+    ids = std::max(ids, op.id + 1);
+    if (op.alloc) nstreams = std::max(nstreams, op.stream + 1);
+  }
+  return {ids, nstreams};
+}
+
+// `n` streams on device 0: index 0 the default stream, the others created
+// non-blocking (destroy_streams gives them back).
+std::vector<cudaStream_t> make_streams(uint32_t n) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  std::vector<cudaStream_t> streams(n, nullptr);
+  for (uint32_t s = 1; s < n; ++s) check(cudaStreamCreateWithFlags(&streams[s], cudaStreamNonBlocking), "stream");
+  return streams;
+}
+
+void destroy_streams(const std::vector<cudaStream_t>& streams) {
+  for (size_t s = 1; s < streams.size(); ++s) check(cudaStreamDestroy(streams[s]), "stream destroy");
+}
+
 // Replays an op list `passes` times; returns ns per op of each pass, the
 // allocator's reserved bytes (current after the first pass, peak overall) and the
 // device's free bytes before the first pass and after it.
 py::dict replay(const std::string& path, const std::string& name, int passes) {
   auto ops = load_ops(path);
-  uint32_t ids = 0, nstreams = 1;
+  auto [ids, nstreams] = shape(ops);
   uint64_t requested = 0;
-  for (auto& op : ops) {
-    requested += op.size;
-    ids = std::max(ids, op.id + 1);
-    if (op.alloc) nstreams = std::max(nstreams, op.stream + 1);
-  }
-  check(cudaSetDevice(0), "cudaSetDevice");
-  std::vector<cudaStream_t> streams(nstreams, nullptr);  // index 0: the default stream
-  for (uint32_t s = 1; s < nstreams; ++s) check(cudaStreamCreateWithFlags(&streams[s], cudaStreamNonBlocking), "stream");
+  for (auto& op : ops) requested += op.size;
+  auto streams = make_streams(nstreams);
   auto contender = make(name);
   contender->release();
   std::vector<void*> ptrs(ids, nullptr);
@@ -150,18 +259,7 @@ py::dict replay(const std::string& path, const std::string& name, int passes) {
   py::list ns;
   uint64_t free_before = device_free(), free_after_first = 0, reserved_first = 0;
   for (int pass = 0; pass < passes; ++pass) {
-    auto start = std::chrono::steady_clock::now();
-    for (const Op& op : ops) {
-      if (op.alloc) {
-        ptrs[op.id] = contender->alloc(op.size, streams[op.stream]);
-        stream_of[op.id] = op.stream;
-      } else {
-        contender->free(ptrs[op.id], streams[stream_of[op.id]]);
-      }
-    }
-    auto stop = std::chrono::steady_clock::now();
-    ns.append(std::chrono::duration<double, std::nano>(stop - start).count() / ops.size());
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ns.append(replay_pass(*contender, ops, streams, ptrs, stream_of));
     if (pass == 0) {
       free_after_first = device_free();
       reserved_first = contender->reserved().first;
@@ -169,7 +267,7 @@ py::dict replay(const std::string& path, const std::string& name, int passes) {
   }
   auto reserved = contender->reserved();
   contender->release();
-  for (uint32_t s = 1; s < nstreams; ++s) check(cudaStreamDestroy(streams[s]), "stream destroy");
+  destroy_streams(streams);
   py::dict out;
   out["ops"] = ops.size();
   out["requested_bytes_per_pass"] = requested;
@@ -249,9 +347,54 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
   return total / std::chrono::duration<double, std::micro>(stop - start).count();
 }
 
+// Replays an op list through each named contender in turn, all in this
+// process: first each one's first pass from an empty cache, then `turns` turns
+// in which each contender takes one untimed pass (its caches and branch
+// predictors warm up again after the others' turns) and `timed` timed ones.
+// Returns, per contender, the first pass's ns per op and each turn's mean ns
+// per op over its timed passes.
+py::dict turns(const std::string& path, const std::vector<std::string>& names, int turns, int timed) {
+  auto ops = load_ops(path);
+  auto [ids, nstreams] = shape(ops);
+  auto streams = make_streams(nstreams);
+  std::vector<std::unique_ptr<Contender>> contenders;
+  for (auto& name : names) contenders.push_back(make(name));
+  std::vector<std::vector<void*>> ptrs(names.size(), std::vector<void*>(ids, nullptr));
+  std::vector<uint32_t> stream_of(ids, 0);
+  std::vector<double> first(names.size());
+  std::vector<py::list> means(names.size());
+  auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
+  for (size_t c = 0; c < contenders.size(); ++c) {
+    contenders[c]->release();
+    first[c] = pass(c);
+  }
+  for (int turn = 0; turn < turns; ++turn) {
+    for (size_t c = 0; c < contenders.size(); ++c) {
+      pass(c);
+      double sum = 0;
+      for (int t = 0; t < timed; ++t) sum += pass(c);
+      means[c].append(sum / timed);
+    }
+  }
+  for (auto& c : contenders) c->release();
+  destroy_streams(streams);
+  py::dict out;
+  for (size_t c = 0; c < names.size(); ++c) {
+    py::dict r;
+    r["first"] = first[c];
+    r["turns"] = means[c];
+    out[py::str(names[c])] = r;
+  }
+  return out;
+}
+
+void set_plugin(const std::string& path) { plugin_path = path; }
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("replay", &replay, "replay an op list through a native contender");
+  m.def("turns", &turns, "replay an op list through several contenders in turn");
+  m.def("set_plugin", &set_plugin, "the cachalot plug-in library for the cachalot:<policy> contenders");
   m.def("scaling", &scaling, "threaded alloc/free pattern, total ops per microsecond");
 }

@@ -4,6 +4,16 @@ allocator and cudaMallocAsync with a kept pool) over op lists, and writes JSON.
 
 Usage: native_bench.py --ops DIR --out FILE.json [--so PREBUILT.so] [--build-dir DIR]
                        [--passes N] [--steps N] [--threads 1,2,4,8] [--repeats 3]
+                       [--plugin libcachalot_torch.so] [--turns N] [--timed N]
+
+With --plugin, each op list is also replayed in this one process by all four
+contenders in turn: PyTorch's allocator, cudaMallocAsync, and cachalot's
+plug-in with the pytorch and with the cachalot policy (a private copy of the
+library each). Each takes a first pass from an empty cache, then --turns turns
+of one untimed pass and --timed timed ones. The JSON's "one_process" part has,
+per op list and contender, the first pass, every turn's ns per op and their
+median, and every turn's ratio to PyTorch's allocator with their median and
+the worst.
 
 The extension (native_alloc.cpp beside this file) is loaded from --so when given
 and present, else compiled with torch.utils.cpp_extension.load into --build-dir.
@@ -42,6 +52,28 @@ def expected_bytes(path):
         return sum(int(line.split()[2]) for line in fh if line.startswith("a "))
 
 
+ONE_PROCESS = ["pytorch", "async", "cachalot:pytorch", "cachalot:cachalot"]
+
+
+def one_process(ext, ops_dir, plugin, turns, timed):
+    """All four contenders in this process, taking turns, per op list."""
+    ext.set_plugin(plugin)
+    out = {"turns": turns, "timed": timed, "traces": {}}
+    for path in sorted(glob.glob(os.path.join(ops_dir, "*.ops"))):
+        trace = os.path.basename(path)[:-4]
+        by = ext.turns(path, ONE_PROCESS, turns, timed)
+        native = by["pytorch"]["turns"]
+        for name, r in by.items():
+            r["steady"] = statistics.median(r["turns"])
+            r["ratios"] = [c / n for c, n in zip(r["turns"], native)]
+            r["ratio_median"], r["ratio_worst"] = statistics.median(r["ratios"]), max(r["ratios"])
+        out["traces"][trace] = by
+        print(f"{trace:16} one process: " + ", ".join(
+            f"{name} {r['steady']:.0f} ns/op ({r['ratio_median']:.3f}; worst {r['ratio_worst']:.3f})"
+            for name, r in by.items()))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", required=True)
@@ -53,6 +85,9 @@ def main():
     ap.add_argument("--threads", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3, help="scaling runs per thread count (median)")
     ap.add_argument("--contenders", default="pytorch,async")
+    ap.add_argument("--plugin", help="libcachalot_torch.so, for the one-process replay")
+    ap.add_argument("--turns", type=int, default=15)
+    ap.add_argument("--timed", type=int, default=3, help="timed passes per turn")
     args = ap.parse_args()
 
     torch.cuda.init()
@@ -73,6 +108,8 @@ def main():
             result["replay"][trace][name] = r
             print(f"{trace:16} {name:8} first {ns[0]:8.0f} ns/op  steady {r['ns_steady']:8.0f} ns/op  "
                   f"reserved {r['reserved_after_first']}  device used {r['device_used_after_first']}")
+    if args.plugin:
+        result["one_process"] = one_process(ext, args.ops, args.plugin, args.turns, args.timed)
     for name in contenders:
         result["scaling"][name] = {}
         for threads in [int(t) for t in args.threads.split(",")]:

@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Merges the GPU benchmark's JSON files (native.json from native_bench.py,
-cachalot.json from the Rust gpu bench) in DIR into markdown tables.
+"""Merges the GPU benchmark's JSON files in DIR (native.json from
+native_bench.py, cachalot.json from the Rust gpu bench) into markdown tables.
+
+The speed comparison is the one-process run of native_bench.py --plugin: all
+four allocators in one process, taking turns, so a slow spell of the host
+touches each alike; each ratio is the median of the turns' ratios, shown with
+the middle half of them (a single turn can be hit by a pause of the host far
+longer than a fast allocator's turn; every turn is in the JSON). Reserved
+memory, the simulator's prediction and driver calls come from the Rust bench
+(CudaBackend, its own process), whose own ns/op are listed apart.
 
 Usage: table.py DIR
 """
 import json
 import os
+import statistics
 import sys
 
 NAMES = {
@@ -34,48 +43,74 @@ def load(d, name):
         return json.load(fh)
 
 
-def main():
-    d = sys.argv[1]
-    runs = [load(d, "native.json"), load(d, "cachalot.json")]
-    replay, scaling = {}, {}
-    for run in runs:
+def memory_rows(native, cachalot):
+    """Per trace and allocator, the replay records of both processes."""
+    rows = {}
+    for run in (native, cachalot):
         for trace, by in run["replay"].items():
-            replay.setdefault(trace, {}).update(by)
-        scaling.update(run["scaling"])
-    gpu = open(os.path.join(d, "gpu.txt")).read().strip() if os.path.exists(os.path.join(d, "gpu.txt")) else "?"
-    print(f"GPU: {gpu}\n")
-    print("| trace | allocator | ns/op first pass | ns/op steady (median) | reserved MiB (allocator) "
-          "| device used MiB (cuMemGetInfo) | simulator predicted MiB | driver memory calls: first pass / later pass |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for trace in sorted(replay):
-        for key in NAMES:
-            r = replay[trace].get(key)
+            rows.setdefault(trace, {}).update(by)
+    return rows
+
+
+def speed_table(one, memory):
+    print(f"One process, the four allocators taking turns ({one['turns']} turns of one untimed "
+          f"and {one['timed']} timed passes each; cachalot through its plug-in's C entry points):\n")
+    print("| trace | allocator | ns/op first pass | ns/op steady (median of turns) "
+          "| / PyTorch native (median of turns) | middle half of turns | reserved MiB (allocator) "
+          "| device used MiB (cuMemGetInfo) | simulator predicted MiB "
+          "| driver memory calls: first pass / later pass |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for trace, by in sorted(one["traces"].items()):
+        for key, name in NAMES.items():
+            r = by.get(key)
             if not r:
                 continue
-            print(f"| {trace} | {NAMES[key]} | {r['ns_first']:.0f} | {r['ns_steady']:.0f} | "
-                  f"{mib(r.get('reserved_after_first'))} | {mib(r.get('device_used_after_first'))} | "
-                  f"{mib(r.get('sim_reserved'))} | {calls(r)} |")
-    print("\n| trace | cachalot policy steady / PyTorch native steady | pytorch policy steady / PyTorch native |")
-    print("|---|---:|---:|")
-    for trace in sorted(replay):
-        base = replay[trace].get("pytorch")
-        if not base:
-            continue
-        cells = []
-        for key in ("cachalot:cachalot", "cachalot:pytorch"):
-            r = replay[trace].get(key)
-            cells.append(f"{r['ns_steady'] / base['ns_steady']:.3f}" if r else "-")
-        print(f"| {trace} | {cells[0]} | {cells[1]} |")
+            m = memory.get(trace, {}).get(key, {})
+            q1, _, q3 = statistics.quantiles(r["ratios"], n=4)
+            print(f"| {trace} | {name} | {r['first']:.0f} | {r['steady']:.0f} | "
+                  f"{r['ratio_median']:.3f} | {q1:.3f} - {q3:.3f} | "
+                  f"{mib(m.get('reserved_after_first'))} | {mib(m.get('device_used_after_first'))} | "
+                  f"{mib(m.get('sim_reserved'))} | {calls(m)} |")
+
+
+def rust_table(memory):
+    print("\ncachalot through its Rust API (CudaBackend), its own process, for reference:\n")
+    print("| trace | allocator | ns/op first pass | ns/op steady (median of passes 2..) |")
+    print("|---|---|---:|---:|")
+    for trace, by in sorted(memory.items()):
+        for key in ("cachalot:pytorch", "cachalot:cachalot"):
+            r = by.get(key)
+            if r:
+                print(f"| {trace} | {NAMES[key]} | {r['ns_first']:.0f} | {r['ns_steady']:.0f} |")
+
+
+def scaling_table(native, cachalot):
+    scaling = {**native["scaling"], **cachalot["scaling"]}
     print("\n| allocator | 1 thread | 2 threads | 4 threads | 8 threads | 8 / 1 |")
     print("|---|---:|---:|---:|---:|---:|")
-    for key in NAMES:
+    for key, name in NAMES.items():
         s = scaling.get(key)
         if not s:
             continue
         cells = [f"{s[t]:.2f}" if t in s else "-" for t in ("1", "2", "4", "8")]
         ratio = f"{s['8'] / s['1']:.2f}" if "1" in s and "8" in s else "-"
-        print(f"| {NAMES[key]} | {' | '.join(cells)} | {ratio} |")
+        print(f"| {name} | {' | '.join(cells)} | {ratio} |")
     print("\n(ops per microsecond over all threads, each thread on its own stream)")
+
+
+def main():
+    d = sys.argv[1]
+    native, cachalot = load(d, "native.json"), load(d, "cachalot.json")
+    gpu_txt = os.path.join(d, "gpu.txt")
+    gpu = open(gpu_txt).read().strip() if os.path.exists(gpu_txt) else "?"
+    print(f"GPU: {gpu}\n")
+    memory = memory_rows(native, cachalot)
+    if "one_process" in native:
+        speed_table(native["one_process"], memory)
+    else:
+        print("(no one-process run: native_bench.py ran without --plugin)")
+    rust_table(memory)
+    scaling_table(native, cachalot)
 
 
 if __name__ == "__main__":

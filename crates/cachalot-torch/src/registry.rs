@@ -53,8 +53,15 @@ struct Slot {
 }
 
 impl Slot {
+    /// Registers `stream` with the backend if it is new (the default stream
+    /// never needs it: the common case, checked here without a call).
+    #[inline]
     fn note_stream(&self, stream: StreamId) {
-        if let Some(streams) = &self.streams {
+        if let Some(streams) = self
+            .streams
+            .as_ref()
+            .filter(|_| stream != StreamId::DEFAULT)
+        {
             streams.note(stream);
         }
     }
@@ -141,15 +148,23 @@ impl Registry {
             .map(|(index, slot)| (index, &slot.allocator))
     }
 
+    #[inline]
     fn slot(&self, device: i64) -> PluginResult<(usize, &Slot)> {
         let index = usize::try_from(device)
             .ok()
             .filter(|&d| d < MAX_DEVICES)
             .ok_or(PluginError::InvalidDevice(device))?;
-        let cell = &self.slots[index];
-        if let Some(slot) = cell.get() {
-            return Ok((index, slot));
+        match self.slots[index].get() {
+            Some(slot) => Ok((index, slot)),
+            None => self.open_slot(index),
         }
+    }
+
+    /// Opens device `index` (its first use; another thread may be opening it).
+    #[cold]
+    #[inline(never)]
+    fn open_slot(&self, index: usize) -> PluginResult<(usize, &Slot)> {
+        let cell = &self.slots[index];
         let _creating = self.creating.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = cell.get() {
             return Ok((index, slot));

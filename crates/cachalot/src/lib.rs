@@ -60,6 +60,8 @@ pub mod snapshot;
 pub mod snapshot_io;
 pub mod stats;
 pub mod summary;
+#[cfg(test)]
+mod test_rng;
 pub mod trace;
 pub mod view;
 

@@ -2,7 +2,7 @@
 //!
 //! A [`Stat`] is a gauge with its peak and two monotonic totals; a [`StatArray`]
 //! holds one per [`StatPool`] (`all`, `small_pool`, `large_pool`). [`MemoryStats`]
-//! declares every family once, in [`for_each_stat_family!`]-style lists, so the
+//! declares every family once, in the lists of one macro (`memory_stats!`), so the
 //! key names, resets and map export cannot drift apart.
 //!
 //! Policies change statistics in one place each: on block state transitions.
@@ -141,13 +141,12 @@ impl StatArray {
         self.pool_mut(small).decrease(amount);
     }
 
+    /// The specific pool's stat, chosen without a branch (small and large
+    /// requests alternate unpredictably on the hot path).
     #[inline]
     fn pool_mut(&mut self, small: bool) -> &mut Stat {
-        if small {
-            &mut self.small_pool
-        } else {
-            &mut self.large_pool
-        }
+        let [small_pool, large_pool] = [&mut self.small_pool, &mut self.large_pool];
+        [large_pool, small_pool][usize::from(small)]
     }
 
     /// The stat of one pool.

@@ -11,10 +11,17 @@ use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator};
 use support::trace::{self, Outcome};
 
-fn run(name: &str, conf: &str, virtual_memory: bool) -> Outcome {
+/// A cachalot allocator configured by `conf` on a simulated H100 (the
+/// capacity the traces were recorded on), with or without virtual memory.
+fn allocator(conf: &str, virtual_memory: bool) -> (Arc<SimBackend>, CachalotAllocator) {
     let sim = Arc::new(SimBackend::with_options(85_017_493_504, virtual_memory));
     let config = AllocatorConfig::parse(conf).expect("a valid config");
     let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
+    (sim, alloc)
+}
+
+fn run(name: &str, conf: &str, virtual_memory: bool) -> Outcome {
+    let (sim, alloc) = allocator(conf, virtual_memory);
     let ops = trace::load(name);
     let out = trace::replay(&alloc, &sim, &ops, 997);
     alloc.validate().expect("invariants hold");
@@ -98,6 +105,39 @@ fn segments_without_virtual_memory_mostly_beat_pytorch_native() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Replays `ops` once on stream 0 and frees what they leave live; `filler`
+/// allocations of 512 bytes, each freed at once, follow every allocation.
+fn pass(alloc: &dyn DeviceAllocator, ops: &[trace::Op], filler: usize) {
+    let mut live = std::collections::HashMap::new();
+    for op in ops {
+        if op.alloc {
+            let ptr = alloc.malloc(op.size, cachalot::StreamId(0)).expect("fits");
+            live.insert(op.addr, ptr);
+            for _ in 0..filler {
+                let tiny = alloc.malloc(512, cachalot::StreamId(0)).expect("fits");
+                alloc.free(tiny).expect("live");
+            }
+        } else if let Some(ptr) = live.remove(&op.addr) {
+            alloc.free(ptr).expect("live");
+        }
+    }
+    for ptr in live.into_values() {
+        alloc.free(ptr).expect("live");
+    }
+}
+
+/// [`pass`], returning the memory calls the backend served during it.
+fn counted_pass(
+    alloc: &dyn DeviceAllocator,
+    sim: &SimBackend,
+    ops: &[trace::Op],
+    filler: usize,
+) -> u64 {
+    let before = sim.counters().memory_calls();
+    pass(alloc, ops, filler);
+    sim.counters().memory_calls() - before
+}
+
 /// What `passes` passes of `name` on one warm allocator (configured by `conf`) cost: driver calls
 /// (map, unmap, page create/release) per pass, each pass freeing its leftovers,
 /// and reserved bytes at the end over the first pass's peak requested bytes.
@@ -113,31 +153,12 @@ fn repeated_passes_with_filler(
     passes: usize,
     filler: usize,
 ) -> (Vec<u64>, f64) {
-    let sim = Arc::new(SimBackend::with_options(85_017_493_504, true));
-    let config = AllocatorConfig::parse(conf).expect("a valid config");
-    let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
+    let (sim, alloc) = allocator(conf, true);
     let ops = trace::load(name);
     let mut calls = Vec::with_capacity(passes);
     let mut first_peak = 0;
     for _ in 0..passes {
-        let before = sim.counters().memory_calls();
-        let mut live = std::collections::HashMap::new();
-        for op in &ops {
-            if op.alloc {
-                let ptr = alloc.malloc(op.size, cachalot::StreamId(0)).expect("fits");
-                live.insert(op.addr, ptr);
-                for _ in 0..filler {
-                    let tiny = alloc.malloc(512, cachalot::StreamId(0)).expect("fits");
-                    alloc.free(tiny).expect("live");
-                }
-            } else if let Some(ptr) = live.remove(&op.addr) {
-                alloc.free(ptr).expect("live");
-            }
-        }
-        for ptr in live.into_values() {
-            alloc.free(ptr).expect("live");
-        }
-        calls.push(sim.counters().memory_calls() - before);
+        calls.push(counted_pass(&alloc, &sim, &ops, filler));
         if first_peak == 0 {
             first_peak = alloc.stats().requested_bytes.all.peak as u64;
         }
@@ -151,14 +172,16 @@ fn repeated_passes_with_filler(
 fn repeated_passes_settle_on_mapped_pages() {
     let mut failures = Vec::new();
     for name in trace::TRACES {
-        let (calls, reserved) = repeated_passes(name, "policy:cachalot", 4);
+        let (calls, reserved) = repeated_passes(name, "policy:cachalot", 8);
         println!(
             "{name}: driver calls per pass {calls:?}, then reserved {reserved:.4} x peak requested"
         );
-        // From the third pass (the second for the training traces' fixed
-        // layout), at most one call per 1000 operations.
-        let settled = if name == "bert_dynamic" { 2 } else { 1 };
-        if calls[settled..].iter().any(|c| *c > 16) {
+        // From the second pass, the training traces' fixed layout makes at
+        // most one call per 1000 operations; bert_dynamic, whose stream
+        // churns during the second pass, as few from the sixth.
+        let settled = if name == "bert_dynamic" { 5 } else { 1 };
+        let most = trace::load(name).len() as u64 / 1000;
+        if calls[settled..].iter().any(|c| *c > most) {
             failures.push(format!("{name}: {calls:?} driver calls per pass"));
         }
         // A churning stream's budget is 1.185 times its peak of pages in use.
@@ -167,6 +190,37 @@ fn repeated_passes_settle_on_mapped_pages() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The end of the highest mapped run of the large pool.
+fn mapped_top(alloc: &dyn DeviceAllocator) -> u64 {
+    let snapshot = alloc.snapshot();
+    let large = snapshot.segments.iter().filter(|s| !s.is_small);
+    large.map(|s| s.address + s.total_size).max().unwrap_or(0)
+}
+
+#[test]
+fn a_churning_stream_stays_in_place() {
+    // Placing each block at the lowest of the windows needing the fewest new
+    // pages keeps bert_dynamic's pages where they are; with ties broken by
+    // free block size instead, its mapped run crept 12 pages up the range
+    // at every pass (and the slots and live table grew with it).
+    let (sim, alloc) = allocator("", true);
+    let ops = trace::load("bert_dynamic");
+    let mut tops = Vec::new();
+    for i in 0..40 {
+        pass(&alloc, &ops, 0);
+        if i % 10 == 9 {
+            tops.push(mapped_top(&alloc));
+        }
+    }
+    let calls = counted_pass(&alloc, &sim, &ops, 0);
+    println!(
+        "bert_dynamic: mapped top after 10, 20, 30, 40 passes {tops:x?}, {calls} calls in the 41st"
+    );
+    assert!(tops.windows(2).all(|w| w[1] <= w[0]), "{tops:x?}");
+    assert_eq!(calls, 0);
+    alloc.validate().expect("invariants hold");
 }
 
 #[test]
@@ -199,10 +253,80 @@ fn a_burst_of_remaps_just_past_a_peak_is_not_churn() {
             ..o
         })
         .collect();
-    let sim = Arc::new(SimBackend::with_options(85_017_493_504, true));
-    let config = AllocatorConfig::parse("policy:cachalot").expect("a valid config");
-    let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
+    let (sim, alloc) = allocator("policy:cachalot", true);
     let out = trace::replay(&alloc, &sim, &ops, 0);
     println!("bert_dynamic x1.25: ratio {:.4}", out.ratio());
     assert!(out.ratio() <= 1.05, "ratio {:.4}", out.ratio());
+}
+
+#[test]
+fn a_churning_stream_reuses_freed_large_blocks_and_stays_valid() {
+    // Three passes of bert_dynamic make the stream churn, so it keeps its
+    // recently freed large blocks for exact-size reuse.
+    let (sim, alloc) = allocator("policy:cachalot", true);
+    let ops = trace::load("bert_dynamic");
+    let stream = cachalot::StreamId(0);
+    for _ in 0..3 {
+        pass(&alloc, &ops, 0);
+        alloc.validate().expect("invariants hold");
+    }
+    let a = alloc.malloc(40 << 20, stream).expect("fits");
+    alloc.free(a).expect("live");
+    // Everything else is free, so a merged block would be far larger.
+    let kept = alloc
+        .snapshot()
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.clone())
+        .any(|b| b.address == a && b.size == 40 << 20);
+    assert!(kept, "the freed block is kept unmerged");
+    let b = alloc.malloc(40 << 20, stream).expect("fits");
+    assert_eq!(a, b, "the kept block comes back at its exact size");
+    alloc.free(b).expect("live");
+    let err = alloc.free(b).expect_err("a double free");
+    assert!(err.to_string().contains("double"), "{err}");
+    // Seeded random large and small traffic, more blocks than are kept.
+    let mut x: u64 = 7;
+    let mut live = vec![0u64; 64];
+    for i in 0..20_000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let slot = (x >> 40) as usize % live.len();
+        if live[slot] != 0 {
+            alloc.free(std::mem::take(&mut live[slot])).expect("live");
+        } else {
+            let size = [3 << 20, 40 << 20, 5 << 19, 1 << 20, 77_000_000][(x >> 20) as usize % 5];
+            live[slot] = alloc.malloc(size, stream).expect("fits");
+        }
+        if i % 1000 == 0 {
+            alloc.validate().expect("invariants hold");
+        }
+    }
+    live.into_iter()
+        .filter(|p| *p != 0)
+        .for_each(|p| alloc.free(p).expect("live"));
+    alloc.validate().expect("invariants hold");
+    alloc.empty_cache().expect("flushed");
+    alloc.validate().expect("invariants hold");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    assert_eq!(sim.live_objects(), 0, "every page went back");
+}
+
+#[test]
+fn after_empty_cache_a_churning_stream_settles_again() {
+    // The stream's page history goes with its pages: a stream still judged
+    // churning kept large blocks from its first allocation on, and its
+    // layout never settled (16 to 404 driver calls a pass, for good).
+    let (sim, alloc) = allocator("", true);
+    let ops = trace::load("bert_dynamic");
+    for round in 0..3 {
+        let calls: Vec<u64> = (0..8)
+            .map(|_| counted_pass(&alloc, &sim, &ops, 0))
+            .collect();
+        println!("bert_dynamic, round {round} after empty_cache: {calls:?} driver calls");
+        assert_eq!(calls[6..], [0, 0], "round {round}: {calls:?}");
+        alloc.empty_cache().expect("flushed");
+        alloc.validate().expect("invariants hold");
+    }
 }

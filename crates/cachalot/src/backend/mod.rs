@@ -1,7 +1,7 @@
 //! The backend trait: what provides segments, pages, streams and events.
 //!
 //! An allocator policy never talks to a GPU directly; it asks a [`Backend`]. Two
-//! backends exist: [`sim`](crate::backend::sim) (a simulated device, deterministic
+//! backends exist: [`sim`] (a simulated device, deterministic
 //! and strict, the default wherever no GPU is present) and `cuda` (a real GPU through
 //! cudarc). Concerns that cut across backends (a memory limit, latency, fault
 //! injection, call counting) are wrappers implementing this same trait, never

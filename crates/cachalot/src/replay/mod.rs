@@ -2,7 +2,7 @@
 //!
 //! A recording ([`crate::trace::Recording`]) is first turned into a [`Plan`]: the
 //! allocator calls that reproduce it, with each allocation numbered (see
-//! [`plan`] for the rules: frees at completion, `empty_cache` where the program
+//! [`plan()`] for the rules: frees at completion, `empty_cache` where the program
 //! called it, streams kept). [`run`] then drives a [`DeviceAllocator`] through the
 //! plan on a [`SimBackend`] and reports peaks, the device segments it obtained and
 //! the driver calls it made, as a [`ReplayReport`].

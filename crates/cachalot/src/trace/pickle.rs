@@ -6,7 +6,7 @@
 //! `allocator_settings` (the configuration, `PYTORCH_CUDA_ALLOC_CONF` among it).
 //! Addresses and stream handles can exceed `i64`, so the pickle is decoded with
 //! serde-pickle's value API (big integers kept) and then walked by hand, after
-//! [`guard::check`](super::guard::check) has bounded the decoded size and depth.
+//! [`guard::check`] has bounded the decoded size and depth.
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -147,6 +147,9 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
                     return Err(format!("kept block at {:#x} is misfiled", b.addr));
                 }
                 if let Some(slots) = &pool.slots {
+                    if !slots.all_mapped(b.addr, b.size) {
+                        return Err(format!("kept block at {:#x} lost a page", b.addr));
+                    }
                     for s in slots.span(b.addr, b.size) {
                         *users.entry(s).or_default() += 1;
                     }

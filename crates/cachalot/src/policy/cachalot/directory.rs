@@ -141,13 +141,19 @@ impl Directory {
         self.grow.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The stream whose reserved range holds `ptr`, if any. The stream this
-    /// thread found last is tried first (threads mostly free what they
-    /// allocated on their own stream), then the others in table order.
+    /// The stream whose reserved range holds `ptr`, if any. With several
+    /// streams, the one this thread found last is tried first (threads mostly
+    /// free what they allocated on their own stream), then the others in
+    /// table order.
     pub(crate) fn owner_of(&self, ptr: DevicePtr) -> Option<&StreamEntry> {
+        let entries = &self.entries[..self.len.load(Ordering::Acquire)];
+        if let [only] = entries {
+            // One stream (the common case): no hint to read (a thread-local
+            // costs a call in a shared library, as in the PyTorch plug-in).
+            return only.get().filter(|e| e.ranges.contains(ptr));
+        }
         let me = self as *const Directory as usize;
         let (dir, hint) = LAST_OWNER.get();
-        let entries = &self.entries[..self.len.load(Ordering::Acquire)];
         if dir == me {
             let hinted = entries.get(hint).and_then(OnceLock::get);
             if let Some(e) = hinted.filter(|e| e.ranges.contains(ptr)) {

@@ -4,12 +4,14 @@
 //!
 //! Pure placement: the heap never calls the backend and knows nothing of pages.
 //! Blocks live in an id-addressed arena and link to their neighbours in the same
-//! region, so a free merges with free neighbours in O(log n).
+//! region, so a free finds its free neighbours at once; each merge costs an
+//! index removal (a size class found by a bitmap, then a search of its short
+//! vector).
 
 use std::collections::BTreeMap;
 
 use super::index::{Entry, FreeIndex};
-use crate::addr_map::AddrMap;
+use super::live::LiveIndex;
 
 /// A block's index in the heap's arena.
 pub(crate) type BlockId = u32;
@@ -70,12 +72,30 @@ pub(crate) struct Heap {
     blocks: Vec<Block>,
     spare: Vec<BlockId>,
     free: FreeIndex,
-    live: AddrMap<BlockId>,
+    live: LiveIndex,
     regions: BTreeMap<u64, Region>,
     split_free: (u64, u64),
+    /// Whether `split_free` goes uncounted (see [`Heap::skip_split_counts`]).
+    skips_splits: bool,
 }
 
 impl Heap {
+    /// Indexes live blocks in a table (see `live`): every live block will be
+    /// at least `1 << shift` bytes and at or above `base`. Before any block.
+    pub(crate) fn index_live_directly(&mut self, base: u64, shift: u32) {
+        debug_assert_eq!(self.live.len(), 0);
+        self.live = LiveIndex::direct(base, shift);
+    }
+
+    /// Stops counting free split blocks (a range's heap: its statistics count
+    /// mapped pages, not split blocks), which spares the hot path a branch and
+    /// two writes per free-index change; [`Heap::split_free`] is then (0, 0).
+    /// Before any block.
+    pub(crate) fn skip_split_counts(&mut self) {
+        debug_assert!(self.blocks.is_empty());
+        self.skips_splits = true;
+    }
+
     /// Adds a region, all of it one free block.
     pub(crate) fn add_region(&mut self, base: u64, size: u64) {
         let id = self.new_block(Block {
@@ -147,6 +167,13 @@ impl Heap {
             .map(|e| (e.id, &self.blocks[e.id as usize]))
     }
 
+    /// The best fit for `size` bytes: the first of [`Heap::fits`].
+    pub(crate) fn best_fit(&self, size: u64) -> Option<(BlockId, &Block)> {
+        self.free
+            .best(size)
+            .map(|e| (e.id, &self.blocks[e.id as usize]))
+    }
+
     /// The block with this id.
     pub(crate) fn block(&self, id: BlockId) -> &Block {
         &self.blocks[id as usize]
@@ -154,7 +181,7 @@ impl Heap {
 
     /// The allocated, pending or kept block starting at `addr`.
     pub(crate) fn live(&self, addr: u64) -> Option<BlockId> {
-        self.live.get(&addr).copied()
+        self.live.get(addr)
     }
 
     /// Number of blocks in the address index (allocated, pending, kept).
@@ -167,7 +194,8 @@ impl Heap {
         self.free.len()
     }
 
-    /// Count and bytes of free blocks that share their region with other blocks.
+    /// Count and bytes of free blocks that share their region with other
+    /// blocks ((0, 0) once [`Heap::skip_split_counts`] was called).
     pub(crate) fn split_free(&self) -> (u64, u64) {
         self.split_free
     }
@@ -206,7 +234,7 @@ impl Heap {
     /// lookup when the block will be merged); [`Heap::release`] or
     /// [`Heap::restore_live`] follows.
     pub(crate) fn take_live(&mut self, addr: u64) -> Option<BlockId> {
-        self.live.remove(&addr)
+        self.live.remove(addr)
     }
 
     /// Puts a block taken by [`Heap::take_live`] back in the address index.
@@ -238,7 +266,7 @@ impl Heap {
     /// neighbours; returns the id of the resulting free block.
     pub(crate) fn release(&mut self, id: BlockId) -> BlockId {
         let b = &mut self.blocks[id as usize];
-        debug_assert!(!self.live.contains_key(&b.addr), "release of a live block");
+        debug_assert!(self.live.get(b.addr).is_none(), "release of a live block");
         b.state = State::Free;
         b.requested = 0;
         let mut id = id;
@@ -335,7 +363,7 @@ impl Heap {
 
     fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        if b.is_split() {
+        if !self.skips_splits && b.is_split() {
             self.split_free.0 += 1;
             self.split_free.1 += b.size;
         }
@@ -348,7 +376,7 @@ impl Heap {
 
     fn remove_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        if b.is_split() {
+        if !self.skips_splits && b.is_split() {
             self.split_free.0 -= 1;
             self.split_free.1 -= b.size;
         }
@@ -371,6 +399,21 @@ mod tests {
             }
             at == r.base + r.size
         })
+    }
+
+    #[test]
+    fn a_range_heap_skips_split_counts_and_places_alike() {
+        let (mut counted, mut skipping) = (Heap::default(), Heap::default());
+        skipping.skip_split_counts();
+        for h in [&mut counted, &mut skipping] {
+            h.add_region(0x1000_0000, 1 << 20);
+            let (id, _) = h.fits(4096).next().unwrap();
+            h.carve(id, 0x1000_0000 + 8192, 4096, 4000);
+        }
+        assert_eq!(counted.split_free(), (2, (1 << 20) - 4096));
+        assert_eq!(skipping.split_free(), (0, 0));
+        let fits = |h: &Heap| h.fits(1).map(|(_, b)| (b.addr, b.size)).collect::<Vec<_>>();
+        assert_eq!(fits(&counted), fits(&skipping));
     }
 
     #[test]

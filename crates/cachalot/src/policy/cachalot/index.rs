@@ -83,33 +83,48 @@ impl FreeIndex {
     }
 
     /// Adds a free block.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, entry: Entry) {
-        if self.classes.is_empty() {
-            self.classes.resize_with(CLASSES, Vec::new);
-        }
         let c = class(entry.size);
-        let list = &mut self.classes[c];
-        let at = list.partition_point(|e| e.key() > entry.key());
-        list.insert(at, entry);
+        let Some(list) = self.classes.get_mut(c) else {
+            return self.insert_first(entry);
+        };
+        // Blocks mostly go in at the end (the smallest of their class) or
+        // into an empty class: a push, without a call to shift the rest.
+        match list.last() {
+            Some(last) if last.key() < entry.key() => insert_sorted(list, entry),
+            _ => list.push(entry),
+        }
         self.words[c / 64] |= 1 << (c % 64);
         self.summary |= 1 << (c / 64);
         self.len += 1;
     }
 
+    /// [`FreeIndex::insert`] into an index that has no classes yet.
+    #[cold]
+    #[inline(never)]
+    fn insert_first(&mut self, entry: Entry) {
+        self.classes.resize_with(CLASSES, Vec::new);
+        self.insert(entry);
+    }
+
     /// Removes the block of this size at this address; whether it was there.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, size: u64, addr: u64) -> bool {
         let c = class(size);
         let Some(list) = self.classes.get_mut(c) else {
             return false;
         };
-        let at = match list.last() {
-            Some(e) if e.key() == (size, addr) => list.len() - 1,
-            _ => match list.binary_search_by(|e| (size, addr).cmp(&e.key())) {
-                Ok(at) => at,
-                Err(_) => return false,
-            },
-        };
-        list.remove(at);
+        match list.last() {
+            Some(e) if e.key() == (size, addr) => {
+                list.pop();
+            }
+            _ => {
+                if !remove_sorted(list, (size, addr)) {
+                    return false;
+                }
+            }
+        }
         if list.is_empty() {
             self.words[c / 64] &= !(1 << (c % 64));
             if self.words[c / 64] == 0 {
@@ -145,6 +160,27 @@ impl FreeIndex {
         Some(w * 64 + self.words[w].trailing_zeros() as usize)
     }
 
+    /// The best fit for `size` bytes: the first of [`FreeIndex::fits`],
+    /// without the iterator (placement's common case).
+    pub(crate) fn best(&self, size: u64) -> Option<Entry> {
+        let first = class(size);
+        let c = self.next_class(first)?;
+        let list = &self.classes[c];
+        if c != first {
+            return list.last().copied();
+        }
+        // The class's smallest block mostly fits: its last.
+        match list.last() {
+            Some(e) if e.size >= size => Some(*e),
+            _ => match list.partition_point(|e| e.size >= size) {
+                0 => self
+                    .next_class(c + 1)
+                    .and_then(|c| self.classes[c].last().copied()),
+                n => Some(list[n - 1]),
+            },
+        }
+    }
+
     /// Free blocks of at least `size` bytes in best-fit order.
     pub(crate) fn fits(&self, size: u64) -> Fits<'_> {
         let first = class(size);
@@ -160,6 +196,29 @@ impl FreeIndex {
             class,
             left,
         }
+    }
+}
+
+/// Inserts `entry` inside a class's vector, in its sorted place (the rare
+/// case: not the class's smallest).
+#[cold]
+#[inline(never)]
+fn insert_sorted(list: &mut Vec<Entry>, entry: Entry) {
+    let at = list.partition_point(|e| e.key() > entry.key());
+    list.insert(at, entry);
+}
+
+/// Removes the entry with this key from inside a class's vector; whether it
+/// was there (the rare case: not the class's smallest).
+#[cold]
+#[inline(never)]
+fn remove_sorted(list: &mut Vec<Entry>, key: (u64, u64)) -> bool {
+    match list.binary_search_by(|e| key.cmp(&e.key())) {
+        Ok(at) => {
+            list.remove(at);
+            true
+        }
+        Err(_) => false,
     }
 }
 
@@ -190,6 +249,7 @@ impl Iterator for Fits<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
     use std::collections::BTreeMap;
 
     #[test]
@@ -214,13 +274,8 @@ mod tests {
     fn fits_in_the_order_of_a_sorted_map() {
         let mut index = FreeIndex::default();
         let mut model = BTreeMap::new();
-        let mut x: u64 = 0x9e37_79b9;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = XorShift(0x9e37_79b9);
+        let mut next = || rng.draw();
         for i in 0..4000u32 {
             let size = match next() % 3 {
                 0 => (next() % 64 + 1) * 512,
@@ -245,6 +300,7 @@ mod tests {
                     .map(|(k, v)| (k.0, k.1, *v))
                     .collect();
                 assert_eq!(got, expect, "fits({want})");
+                assert_eq!(index.best(want), index.fits(want).next(), "best({want})");
             }
         }
         let (&(s, a), &id) = model.iter().next().unwrap();

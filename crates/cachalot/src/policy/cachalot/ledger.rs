@@ -1,6 +1,7 @@
 //! A stream's statistics and events, changed in one place: every block and
 //! page transition of the policy goes through one method here, which updates
-//! [`MemoryStats`] and tells the observer.
+//! the statistics (the five every allocation changes in a [`Tally`], the rest
+//! in a [`MemoryStats`]) and tells the observer.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use std::time::Instant;
 use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
+
+use super::tally::{Family, Tally};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -22,8 +25,10 @@ struct Batch {
 
 /// See the module docs.
 pub(crate) struct Ledger {
-    /// The statistics of this stream's pools.
-    pub(crate) stats: MemoryStats,
+    /// The statistics of this stream's pools but the tally's (whose
+    /// families stay zero here).
+    rest: MemoryStats,
+    tally: Tally,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -42,11 +47,36 @@ impl Ledger {
     /// Fresh statistics for `stream`; event times count from `start`.
     pub(crate) fn new(stats: MemoryStats, stream: StreamId, start: Instant) -> Ledger {
         Ledger {
-            stats,
+            rest: stats,
+            tally: Tally::default(),
             events: EventSink::new(start),
             stream,
             batch: None,
         }
+    }
+
+    /// The statistics of this stream's pools.
+    pub(crate) fn stats(&self) -> MemoryStats {
+        let mut s = self.rest.clone();
+        let t = &self.tally;
+        s.allocation = t.array(Family::Allocation);
+        s.allocated_bytes = t.array(Family::AllocatedBytes);
+        s.active = t.array(Family::Active);
+        s.active_bytes = t.array(Family::ActiveBytes);
+        s.requested_bytes = t.array(Family::RequestedBytes);
+        s
+    }
+
+    /// Sets every peak to its current value.
+    pub(crate) fn reset_peak(&mut self) {
+        self.rest.reset_peak();
+        self.tally.reset_peak();
+    }
+
+    /// Zeroes every total and event counter.
+    pub(crate) fn reset_accumulated(&mut self) {
+        self.rest.reset_accumulated();
+        self.tally.reset_accumulated();
     }
 
     /// Installs or removes the observer.
@@ -59,13 +89,9 @@ impl Ledger {
     }
 
     /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
+    #[inline(always)]
     pub(crate) fn allocated(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
-        let s = &mut self.stats;
-        s.allocation.increase(small, 1);
-        s.allocated_bytes.increase(small, size);
-        s.active.increase(small, 1);
-        s.active_bytes.increase(small, size);
-        s.requested_bytes.increase(small, requested);
+        self.tally.allocated(small, size, requested);
         self.emit(Action::Alloc, addr, requested);
     }
 
@@ -77,9 +103,7 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        let s = &mut self.stats;
-        s.allocation.decrease(small, 1);
-        s.allocated_bytes.decrease(small, size);
+        self.tally.free_requested(small, size);
         self.emit(Action::FreeRequested, addr, requested);
     }
 
@@ -91,17 +115,24 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        let s = &mut self.stats;
-        s.active.decrease(small, 1);
-        s.active_bytes.decrease(small, size);
-        s.requested_bytes.decrease(small, requested);
+        self.tally.free_completed(small, size, requested);
+        self.emit(Action::FreeCompleted, addr, requested);
+    }
+
+    /// The caller freed the block and it became reusable at once (no other
+    /// stream uses it): [`Ledger::free_requested`] and
+    /// [`Ledger::free_completed`] in one.
+    #[inline(always)]
+    pub(crate) fn freed(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
+        self.tally.freed(small, size, requested);
+        self.emit(Action::FreeRequested, addr, requested);
         self.emit(Action::FreeCompleted, addr, requested);
     }
 
     /// A page of `bytes` was mapped at `addr`, changing the count of contiguous
     /// mapped runs (segments) by `runs`.
     pub(crate) fn mapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        let s = &mut self.stats;
+        let s = &mut self.rest;
         s.reserved_bytes.update(small, bytes as i64);
         s.segment.update(small, runs);
         self.batch(Action::SegmentMap, addr, bytes);
@@ -109,7 +140,7 @@ impl Ledger {
 
     /// A page of `bytes` at `addr` was unmapped.
     pub(crate) fn unmapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        let s = &mut self.stats;
+        let s = &mut self.rest;
         s.reserved_bytes.update(small, -(bytes as i64));
         s.segment.update(small, runs);
         self.batch(Action::SegmentUnmap, addr, bytes);
@@ -134,16 +165,16 @@ impl Ledger {
     pub(crate) fn flush(&mut self) {
         let Some(b) = self.batch.take() else { return };
         if b.action == Action::SegmentMap {
-            self.stats.num_device_alloc += 1;
+            self.rest.num_device_alloc += 1;
         } else {
-            self.stats.num_device_free += 1;
+            self.rest.num_device_free += 1;
         }
         self.emit(b.action, b.addr, b.bytes);
     }
 
     /// A device segment was allocated.
     pub(crate) fn segment_allocated(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        let s = &mut self.stats;
+        let s = &mut self.rest;
         s.reserved_bytes.update(small, size as i64);
         s.segment.update(small, 1);
         s.num_device_alloc += 1;
@@ -152,7 +183,7 @@ impl Ledger {
 
     /// A device segment was freed.
     pub(crate) fn segment_freed(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        let s = &mut self.stats;
+        let s = &mut self.rest;
         s.reserved_bytes.update(small, -(size as i64));
         s.segment.update(small, -1);
         s.num_device_free += 1;
@@ -161,7 +192,7 @@ impl Ledger {
 
     /// The heap's inactive split blocks went from `before` to `after` (count, bytes).
     pub(crate) fn splits_changed(&mut self, small: bool, before: (u64, u64), after: (u64, u64)) {
-        let s = &mut self.stats;
+        let s = &mut self.rest;
         s.inactive_split
             .update(small, after.0 as i64 - before.0 as i64);
         s.inactive_split_bytes
@@ -170,18 +201,18 @@ impl Ledger {
 
     /// An allocation failed for lack of memory, even after a flush.
     pub(crate) fn out_of_memory(&mut self, requested: u64, device_free: u64) {
-        self.stats.num_ooms += 1;
+        self.rest.num_ooms += 1;
         self.emit(Action::Oom, device_free, requested);
     }
 
     /// Cached memory was flushed to retry an allocation.
     pub(crate) fn retried(&mut self) {
-        self.stats.num_alloc_retries += 1;
+        self.rest.num_alloc_retries += 1;
     }
 
     /// Pending events were all synchronized.
     pub(crate) fn synced_all(&mut self) {
-        self.stats.num_sync_all_streams += 1;
+        self.rest.num_sync_all_streams += 1;
     }
 }
 
@@ -206,19 +237,19 @@ mod tests {
         l.set_observer(Some(log.clone()));
         l.mapped(false, 0, 2 << 20, 1);
         l.allocated(false, 0, 4096, 4000);
-        assert_eq!(l.stats.requested_bytes.all.current, 4000);
+        assert_eq!(l.stats().requested_bytes.all.current, 4000);
         l.free_requested(false, 0, 4096, 4000);
         assert_eq!(
             (
-                l.stats.allocated_bytes.all.current,
-                l.stats.active_bytes.all.current
+                l.stats().allocated_bytes.all.current,
+                l.stats().active_bytes.all.current
             ),
             (0, 4096)
         );
         l.free_completed(false, 0, 4096, 4000);
         l.unmapped(false, 0, 2 << 20, -1);
         l.flush();
-        let s = &l.stats;
+        let s = &l.stats();
         assert_eq!(
             (
                 s.active.all.current,
@@ -239,14 +270,17 @@ mod tests {
         }
         l.mapped(false, 100 << 20, 2 << 20, 1);
         l.unmapped(false, 100 << 20, 2 << 20, -1);
-        let s = &l.stats;
+        let s = &l.stats();
         assert_eq!(
             (s.num_device_alloc, s.num_device_free),
             (2, 0),
             "the unmap is pending"
         );
         l.flush();
-        assert_eq!((l.stats.num_device_alloc, l.stats.num_device_free), (2, 1));
-        assert_eq!(l.stats.reserved_bytes.all.current, 6 << 20);
+        assert_eq!(
+            (l.stats().num_device_alloc, l.stats().num_device_free),
+            (2, 1)
+        );
+        assert_eq!(l.stats().reserved_bytes.all.current, 6 << 20);
     }
 }

@@ -6,11 +6,14 @@
 //!   each a **heap** (`heap`): blocks in an id-addressed arena tiling the pool's
 //!   regions, a best-fit index of free blocks (`index`: size classes found by
 //!   a bitmap, each a short vector by size, then address) and an address
-//!   index of live ones. Blocks are 512-byte multiples.
+//!   index of live ones (`live`: a hash map, or in the large pool over a
+//!   reserved range a table with an entry per MiB). Blocks are 512-byte
+//!   multiples.
 //! * The small pool (with virtual memory) keeps freed blocks unmerged in
 //!   exact-size lists (`reuse`) for the next request of that size; they go
-//!   back into the heap before any page is mapped, on `empty_cache` and on
-//!   out of memory.
+//!   back into the heap (one large enough, when there are many) before any
+//!   page is mapped, on `empty_cache` and on out of memory. A churning
+//!   stream's large pool (below) keeps its last 16 freed blocks the same way.
 //! * With virtual memory, a pool's region is one reserved virtual range of twice
 //!   the device's memory, and `slots` tracks its 2 MiB page slots: which hold a
 //!   physical page, how many live blocks touch each, and the mapped slots no
@@ -28,15 +31,17 @@
 //! Physical pages are interchangeable, so only pages under live blocks need to be
 //! backed: a free hole in the virtual range costs nothing once its pages are
 //! re-mapped elsewhere. Placement (`pool`) is *mapping-aware best fit*: the
-//! smallest free block whose pages are already mapped; failing that, the block
-//! needing the fewest new pages. When a page must be mapped, the stream takes a
+//! smallest free block whose pages are already mapped; failing that, the
+//! lowest window needing the fewest new pages (the lowest, so a stream whose
+//! layout keeps changing re-uses the holes below its pages instead of
+//! creeping up its range). When a page must be mapped, the stream takes a
 //! cached page of its own (unmap + map) instead of creating one once its mapped
 //! pages reach `1 + cachalot_reuse_slack` (default 1.035) times the most pages it
 //! ever had in use. So reserved memory follows the peak of pages *touched by live
 //! blocks* (plus the slack), not the peak of a fragmented address range, while a
 //! steady training loop, whose layout repeats, settles on mapped pages and makes
 //! no driver calls. On the bundled traces peak reserved / peak requested is
-//! 1.0179 (resnet50), 1.0194 (vit), 1.0367 (gpt2) and 1.0480 (bert with varying
+//! 1.0179 (resnet50), 1.0200 (vit), 1.0367 (gpt2) and 1.0480 (bert with varying
 //! shapes), against 1.0205, 1.0206, 1.0369 and 1.1781 for PyTorch's expandable
 //! segments (tests/cachalot_traces.rs).
 //!
@@ -46,14 +51,15 @@
 //! re-mapped twice as many pages as it holds, over at least 8 allocations per
 //! page and at least one page per 1000 allocations, without its peak of pages
 //! in use growing is *churning*, and its budget rises by `cachalot_churn_slack`
-//! (default 0.15: to 1.185 times that peak), for good (`stream`). The budget
-//! is never under the peak plus `cachalot_reuse_min_mb` (default 32 MiB: 16
-//! pages), so a small heap (where 3.5% is less
-//! than a large block) does not re-map at every step: the GPU benchmark's
-//! threaded pattern (32 live blocks of 512 B to 20 MiB per thread) makes 6
-//! driver calls per 100,000 operations instead of 58. Repeated passes of
-//! bert_dynamic make 4,522, 1,054, 0, 0 driver calls, and reserve
-//! 1.200 times the peak requested bytes from the second pass on (PyTorch's
+//! (default 0.15: to 1.185 times that peak) until the stream gives its large
+//! pages back on `empty_cache` (`stream`); it also keeps recently freed large
+//! blocks for exact-size reuse. The budget is never under the peak plus
+//! `cachalot_reuse_min_mb` (default 32 MiB: 16 pages), so a small heap (where
+//! 3.5% is less than a large block) does not re-map at every step: the GPU
+//! benchmark's threaded pattern (32 live blocks of 512 B to 20 MiB per thread)
+//! makes 6 driver calls per 100,000 operations instead of 58. Repeated passes of
+//! bert_dynamic make 4,710, 1,026, 160, 198, 176 and 6 driver calls, then
+//! none, and reserve 1.202 times the peak requested bytes (PyTorch's
 //! expandable segments: 1.178, with no driver call after the first pass); a
 //! single pass, and every training trace, never reaches the trigger, so the
 //! ratios above are unchanged.
@@ -66,14 +72,17 @@
 //! calls with it instead of 3,482 (tests/cachalot_traces.rs).
 //!
 //! `malloc`: find the stream's entry (a lock-free scan of a fixed table), lock
-//! the stream; a small request of a size freed before pops its reuse list;
-//! otherwise one size-class lookup whose best fit is almost always fully
-//! mapped (a bit test), bump the users of its slots (the two end slots one by
-//! one, the others filled), split, update statistics in `ledger`. `free`:
-//! find the stream by address (ranges published per stream in atomics), lock
-//! it, one hash removal, then push to a reuse list (small) or merge with free
-//! neighbours (large). No backend call unless a page must be mapped, a segment
-//! allocated or an event recorded.
+//! the stream; a small request of a size freed before pops its reuse list
+//! (a large one too, in a churning stream); otherwise one size-class lookup
+//! whose best fit is almost always fully mapped (a bit test), bump the users
+//! of its slots (the two end slots one by one, the others a run of bits),
+//! split, update statistics in `ledger` (its `tally` counts three families,
+//! four numbers each, and derives the active ones while nothing waits for
+//! another stream). `free`: find the stream by address (ranges
+//! published per stream in atomics), lock it, one address-index removal (a
+//! hash map, or the large pool's table), then keep the block for reuse (small,
+//! or large in a churning stream) or merge it with free neighbours. No backend
+//! call unless a page must be mapped, a segment allocated or an event recorded.
 //!
 //! # Locking
 //!
@@ -113,11 +122,13 @@ mod directory;
 mod heap;
 mod index;
 mod ledger;
+mod live;
 mod pages;
 mod pool;
 mod reuse;
 mod slots;
 mod stream;
+mod tally;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -232,17 +243,31 @@ impl CachalotAllocator {
         ptr: DevicePtr,
         mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
     ) -> Result<T> {
-        let owner = self.streams.owner_of(ptr);
-        let segments = self.pages.granularity() == 0;
-        let candidates = owner
-            .into_iter()
-            .chain(self.streams.iter().filter(|_| segments && owner.is_none()));
+        match self.streams.owner_of(ptr) {
+            Some(entry) => {
+                f(&mut entry.lock()).map_err(|reason| Error::InvalidFree { ptr, reason })
+            }
+            None => self.ask_every_stream(ptr, f),
+        }
+    }
+
+    /// [`CachalotAllocator::with_owner`] when no stream's range holds `ptr`:
+    /// without virtual memory, each stream in turn until one knows it.
+    #[cold]
+    #[inline(never)]
+    fn ask_every_stream<T>(
+        &self,
+        ptr: DevicePtr,
+        mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
+    ) -> Result<T> {
         let mut reason = FreeError::Foreign;
-        for entry in candidates {
-            match f(&mut entry.lock()) {
-                Ok(v) => return Ok(v),
-                Err(FreeError::DoubleFree) => reason = FreeError::DoubleFree,
-                Err(FreeError::Foreign) => {}
+        if self.pages.granularity() == 0 {
+            for entry in self.streams.iter() {
+                match f(&mut entry.lock()) {
+                    Ok(v) => return Ok(v),
+                    Err(FreeError::DoubleFree) => reason = FreeError::DoubleFree,
+                    Err(FreeError::Foreign) => {}
+                }
             }
         }
         Err(Error::InvalidFree { ptr, reason })
@@ -355,20 +380,20 @@ impl DeviceAllocator for CachalotAllocator {
     fn stats(&self) -> MemoryStats {
         let mut all = MemoryStats::new(self.config.max_split_size);
         for entry in self.streams.iter() {
-            add_stats(&mut all, &entry.lock().ledger.stats);
+            add_stats(&mut all, &entry.lock().ledger.stats());
         }
         all
     }
 
     fn reset_peak_stats(&self) {
         for entry in self.streams.iter() {
-            entry.lock().ledger.stats.reset_peak();
+            entry.lock().ledger.reset_peak();
         }
     }
 
     fn reset_accumulated_stats(&self) {
         for entry in self.streams.iter() {
-            entry.lock().ledger.stats.reset_accumulated();
+            entry.lock().ledger.reset_accumulated();
         }
     }
 

@@ -12,19 +12,25 @@ use crate::backend::PageHandle;
 
 /// See the module docs.
 ///
-/// Three parallel arrays over the known slots (the range's first slots up to
-/// the highest one ever used): the page of each slot, its users, and a bitmap
-/// of the mapped ones, so counting the unmapped slots of a span is a few
-/// popcounts. A span's interior slots belong to its block alone, so taking or
-/// dropping a block touches its two end slots one by one and fills the rest.
+/// Parallel arrays over the known slots (the range's first slots up to the
+/// highest one ever used): the page of each slot, a bitmap of the mapped ones
+/// (so counting the unmapped slots of a span is a few popcounts), and its
+/// users. A span's interior slots belong to its block alone, so they are not
+/// counted one by one: a second bitmap marks them, and the counts hold the
+/// blocks that start or end in a slot. Taking or dropping a block changes
+/// its two end slots' counts and sets or clears a run of bits (a word or
+/// two, without a loop per slot).
 #[derive(Debug)]
 pub(crate) struct Slots {
     base: u64,
     /// log2 of the slot size.
     shift: u32,
     pages: Vec<Option<PageHandle>>,
+    /// Live blocks that start or end in each slot.
     users: Vec<u32>,
     bits: Vec<u64>,
+    /// Slots inside a live block (neither its first nor its last).
+    inner: Vec<u64>,
     /// Where the next sweep for a cached page starts.
     hand: u32,
     /// Mapped slots.
@@ -48,6 +54,7 @@ impl Slots {
             pages: Vec::new(),
             users: Vec::new(),
             bits: Vec::new(),
+            inner: Vec::new(),
             hand: 0,
             mapped: 0,
             in_use: 0,
@@ -79,6 +86,7 @@ impl Slots {
             self.pages.resize(n, None);
             self.users.resize(n, 0);
             self.bits.resize(n.div_ceil(64), 0);
+            self.inner.resize(n.div_ceil(64), 0);
         }
     }
 
@@ -93,21 +101,19 @@ impl Slots {
     /// Mapped slots among the known slots of `span`.
     fn mapped_count(&self, span: Range<u32>) -> u64 {
         let end = (span.end as usize).min(self.pages.len());
-        let mut i = span.start as usize;
-        let mut count = 0;
-        while i < end {
-            let (w, bit) = (i / 64, i % 64);
-            let take = (64 - bit).min(end - i);
-            let mask = u64::MAX >> (64 - take) << bit;
-            count += u64::from((self.bits[w] & mask).count_ones());
-            i += take;
-        }
-        count
+        word_masks(span.start as usize..end)
+            .map(|(w, mask)| u64::from((self.bits[w] & mask).count_ones()))
+            .sum()
     }
 
     /// Whether every slot under `[addr, addr + size)` holds a page.
     pub(crate) fn all_mapped(&self, addr: u64, size: u64) -> bool {
         let span = self.span(addr, size);
+        if self.mapped == self.pages.len() as u64 {
+            // No known slot lacks a page (a steady loop's usual state): only
+            // slots past the known ones can.
+            return span.end as usize <= self.pages.len();
+        }
         if span.end - span.start == 1 {
             return self.is_mapped(span.start);
         }
@@ -182,38 +188,53 @@ impl Slots {
     /// Adds a user to every slot of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         self.grow(span.end as usize);
-        self.change_users(span, true);
+        self.change_users(span, true, false);
+    }
+
+    /// [`Slots::acquire`] for a span whose slots all hold pages (known, so
+    /// the bitmap is not read).
+    #[inline(always)]
+    pub(crate) fn acquire_mapped(&mut self, span: Range<u32>) {
+        debug_assert_eq!(self.unmapped_in(span.clone()), 0);
+        self.change_users(span, true, true);
     }
 
     /// Removes a user from every slot of `span`.
     pub(crate) fn release(&mut self, span: Range<u32>) {
-        self.change_users(span, false);
+        self.change_users(span, false, false);
+    }
+
+    /// [`Slots::release`] for a span whose slots all hold pages (a live or
+    /// kept block's: blocks lie on mapped pages).
+    #[inline(always)]
+    pub(crate) fn release_mapped(&mut self, span: Range<u32>) {
+        debug_assert_eq!(self.unmapped_in(span.clone()), 0);
+        self.change_users(span, false, true);
     }
 
     /// Adds (`add`) or removes one user on every slot of a block's `span`: the
     /// two end slots one by one; the slots between belong to the block alone,
-    /// so they go from no user to one (or back) all at once.
+    /// so they go from no user to one (or back) all at once. `mapped`: every
+    /// slot of the span is known to hold a page.
     #[inline(always)]
-    fn change_users(&mut self, span: Range<u32>, add: bool) {
+    fn change_users(&mut self, span: Range<u32>, add: bool, mapped: bool) {
         let (first, last) = (span.start, span.end - 1);
-        self.change_user(first, add);
+        self.change_user(first, add, mapped);
         if last > first {
-            self.change_user(last, add);
+            self.change_user(last, add, mapped);
         }
         if last > first + 1 {
             let inner = first + 1..last;
-            let users = &mut self.users[inner.start as usize..inner.end as usize];
-            debug_assert!(users.iter().all(|u| *u == u32::from(!add)));
-            users.fill(u32::from(add));
+            self.mark_inner(inner.clone(), add);
             let n = u64::from(inner.end - inner.start);
-            let mapped = self.mapped_count(inner);
-            self.count_users(add, n, mapped);
+            let with_pages = if mapped { n } else { self.mapped_count(inner) };
+            self.count_users(add, n, with_pages);
         }
     }
 
-    /// Adds or removes one user of `slot`.
+    /// Adds or removes one user of `slot` (`mapped`: known to hold a page).
     #[inline(always)]
-    fn change_user(&mut self, slot: u32, add: bool) {
+    fn change_user(&mut self, slot: u32, add: bool, mapped: bool) {
         let users = &mut self.users[slot as usize];
         if add {
             *users += 1;
@@ -222,9 +243,29 @@ impl Slots {
         }
         // The slot just gained its first user or lost its last.
         if *users == u32::from(add) {
-            let mapped = u64::from(self.is_mapped(slot));
-            self.count_users(add, 1, mapped);
+            let with_page = u64::from(mapped || self.is_mapped(slot));
+            self.count_users(add, 1, with_page);
         }
+    }
+
+    /// Sets (`on`) or clears the inner bits of `span`, which are all the
+    /// other way and have no users.
+    #[inline(always)]
+    fn mark_inner(&mut self, span: Range<u32>, on: bool) {
+        for (w, mask) in word_masks(span.start as usize..span.end as usize) {
+            debug_assert_eq!(self.inner[w] & mask, if on { 0 } else { mask });
+            if on {
+                self.inner[w] |= mask;
+            } else {
+                self.inner[w] &= !mask;
+            }
+        }
+    }
+
+    /// Whether a live block touches `slot`.
+    fn is_used(&self, slot: u32) -> bool {
+        let i = slot as usize;
+        self.users[i] > 0 || self.inner[i / 64] & (1 << (i % 64)) != 0
     }
 
     /// `n` slots, `mapped` of them with a page, gained their first user
@@ -251,13 +292,13 @@ impl Slots {
         self.bits[i / 64] |= 1 << (i % 64);
         self.mapped += 1;
         self.runs = self.runs + 1 - joins;
-        self.cached += u64::from(self.users[i] == 0);
+        self.cached += u64::from(!self.is_used(slot));
     }
 
     /// Records that the page at an unused `slot` was unmapped; returns it.
     pub(crate) fn uninstall(&mut self, slot: u32) -> Option<PageHandle> {
         let i = slot as usize;
-        if self.users.get(i).is_none_or(|u| *u > 0) {
+        if i >= self.users.len() || self.is_used(slot) {
             return None;
         }
         let page = self.pages[i].take()?;
@@ -271,7 +312,7 @@ impl Slots {
     }
 
     fn is_cached(&self, slot: u32) -> bool {
-        self.is_mapped(slot) && self.users[slot as usize] == 0
+        self.is_mapped(slot) && !self.is_used(slot)
     }
 
     /// The next mapped slot without users after the hand, outside `keep`.
@@ -330,20 +371,24 @@ impl Slots {
     pub(crate) fn check(&self, users_of: impl Fn(u32) -> u32) -> Result<(), String> {
         let mut mapped = 0;
         let (mut in_use, mut cached) = (0, 0);
-        for (i, (users, page)) in self.users.iter().zip(&self.pages).enumerate() {
-            let expect = users_of(i as u32);
-            if *users != expect {
+        for (i, (ends, page)) in self.users.iter().zip(&self.pages).enumerate() {
+            let inside = self.inner[i / 64] & (1 << (i % 64)) != 0;
+            if inside && *ends > 0 {
+                return Err(format!("slot {i} is inside a block and ends {ends} others"));
+            }
+            let (users, expect) = (ends + u32::from(inside), users_of(i as u32));
+            if users != expect {
                 return Err(format!("slot {i} has {users} users, blocks say {expect}"));
             }
             if page.is_some() != self.is_mapped(i as u32) {
                 return Err(format!("slot {i}: page and mapped bit disagree"));
             }
-            if *users > 0 && page.is_none() {
+            if users > 0 && page.is_none() {
                 return Err(format!("slot {i} is used but not mapped"));
             }
             mapped += u64::from(page.is_some());
-            in_use += u64::from(*users > 0);
-            cached += u64::from(*users == 0 && page.is_some());
+            in_use += u64::from(users > 0);
+            cached += u64::from(users == 0 && page.is_some());
         }
         let runs = self.mapped_runs().len() as u64;
         let got = (self.mapped, self.in_use, self.cached, self.runs);
@@ -357,9 +402,25 @@ impl Slots {
     }
 }
 
+/// The bitmap words a run of bits spans: each word's index and the mask of
+/// the run's bits in it.
+#[inline(always)]
+fn word_masks(bits: Range<usize>) -> impl Iterator<Item = (usize, u64)> {
+    let (mut i, end) = (bits.start, bits.end);
+    std::iter::from_fn(move || {
+        (i < end).then(|| {
+            let (w, bit) = (i / 64, i % 64);
+            let take = (64 - bit).min(end - i);
+            i += take;
+            (w, u64::MAX >> (64 - take) << bit)
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
 
     const G: u64 = 2 << 20;
 
@@ -384,24 +445,45 @@ mod tests {
         assert!(s.check(|_| 1).is_err());
     }
 
+    #[test]
+    fn a_block_over_many_slots_marks_its_inside() {
+        let base = 1 << 40;
+        let mut s = Slots::new(base, G);
+        for slot in 0..70 {
+            s.install(slot, PageHandle(u64::from(slot) + 1));
+        }
+        // A block from the middle of slot 1 to the middle of slot 68, and a
+        // small one sharing slot 68 with it.
+        let big = s.span(base + G + 4096, 67 * G);
+        let small = s.span(base + 68 * G + G / 2 + 4096, 4096);
+        assert_eq!((big.clone(), small.clone()), (1..69, 68..69));
+        s.acquire_mapped(big.clone());
+        s.acquire_mapped(small.clone());
+        assert_eq!((s.in_use(), s.cached()), (68, 2));
+        let users = |slot: u32| u32::from(big.contains(&slot)) + u32::from(small.contains(&slot));
+        s.check(users).unwrap();
+        assert_eq!(s.cached_slots(), vec![0, 69]);
+        assert_eq!(s.uninstall(30), None, "slot 30 is inside the block");
+        s.release_mapped(big.clone());
+        assert_eq!((s.in_use(), s.cached()), (1, 69));
+        s.check(|slot| u32::from(small.contains(&slot))).unwrap();
+        assert_eq!(s.uninstall(30), Some(PageHandle(31)));
+    }
+
     /// `mapped_window` is `best_window` when that finds a window on mapped
     /// pages, on a seeded random bitmap.
     #[test]
     fn mapped_window_agrees_with_best_window() {
         let mut s = Slots::new(0, G);
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
         for slot in 0..300u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.draw();
             if !x.is_multiple_of(5) {
                 s.install(slot, PageHandle(u64::from(slot) + 1));
             }
         }
         for _ in 0..2000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.draw();
             let lo = (x % 280) * G + (x >> 40) % 3 * 512;
             let size = ((x >> 20) % 12 + 1) * G - (x >> 50) % 2 * 4096;
             let hi = lo + size + (x >> 30) % 90 * G;
@@ -414,6 +496,29 @@ mod tests {
                 want,
                 "lo {lo} hi {hi} size {size}"
             );
+        }
+    }
+
+    #[test]
+    fn all_mapped_agrees_with_the_bitmap_with_and_without_holes() {
+        let mut s = Slots::new(0, G);
+        for slot in 0..40u32 {
+            s.install(slot, PageHandle(u64::from(slot) + 1));
+        }
+        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        for round in 0..2 {
+            for _ in 0..500 {
+                let x = rng.draw();
+                let (addr, size) = ((x % 45) * G + (x >> 40) % 4 * 512, (x >> 8) % (6 * G) + 1);
+                let span = s.span(addr, size);
+                let bitmap = span.end as usize <= 40 && s.unmapped_in(span) == 0;
+                assert_eq!(
+                    s.all_mapped(addr, size),
+                    bitmap,
+                    "round {round}, {addr:#x}+{size:#x}"
+                );
+            }
+            s.uninstall(17);
         }
     }
 

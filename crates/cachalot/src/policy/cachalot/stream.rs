@@ -14,12 +14,22 @@
 //! [`CHURN_ALLOCATIONS`] allocations per page it holds (churn that lasts, not a
 //! burst just past a peak), and at least one page per [`CHURN_RATE`]
 //! allocations (a trickle of remaps is cheaper than the memory), its budget
-//! rises by `cachalot_churn_slack` (default 0.15) for good, enough for most
+//! rises by `cachalot_churn_slack` (default 0.15) until its large pool gives its
+//! range back (`empty_cache` with no large block live), enough for most
 //! layouts to stop moving. A single pass of a workload stays under the trigger,
 //! so its reserved memory keeps the tight budget; a workload that repeats
 //! settles with few or no driver calls. Replaying bert_dynamic pass after pass,
-//! a churn slack of 0.10 still leaves 232 driver calls per pass, 0.125 leaves
-//! 160, 0.15 none from the third pass (0.20: none either, 4% more memory).
+//! a churn slack of 0.10 still leaves 124 to 782 driver calls per pass of
+//! 16,800 operations, 0.125 about 100 to 370, 0.15 none from the seventh
+//! pass (0.20: none from the third, 4% more memory).
+//!
+//! A churning stream also keeps its last [`RECENT`] freed large
+//! blocks unmerged for the next request of exactly their size (its layout
+//! never repeats, but within a step sizes do: 80% of bert_dynamic's large
+//! requests are such hits, each skipping a best-fit search, a split and a
+//! merge). Their pages do not count as in use (the budget is unchanged) and
+//! they go back into the heap before any page is mapped.
+//! `cachalot_churn_slack` 0 turns both off.
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -38,7 +48,9 @@ use super::directory::RangeTable;
 use super::heap::{BlockId, State};
 use super::ledger::Ledger;
 use super::pages::Pages;
-use super::pool::{Pool, SMALL_MAX};
+#[cfg(doc)]
+use super::pool::RECENT;
+use super::pool::{Placement, Pool, SMALL_MAX};
 
 /// Without virtual memory, how far (a fraction) reserved bytes may exceed the
 /// peak of active bytes before idle segments are freed ahead of a new one.
@@ -177,36 +189,68 @@ impl StreamState {
         requested: u64,
     ) -> BackendResult<u64> {
         if self.pools[p].range().is_none() {
-            self.pools[p].ensure_range(pages, self.config.range_size)?;
-            self.ranges.publish(p, self.pools[p].range());
+            self.reserve_range(pages, p)?;
         }
         self.allocations += 1;
         if let Some(addr) = self.pools[p].reuse(size, requested) {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
         }
+        match self.pools[p].place(size) {
+            Some(place) if place.unmapped == 0 => {
+                let slots = self.pools[p].slots.as_mut().expect("a range has slots");
+                slots.acquire_mapped(slots.span(place.at, size));
+                self.note_in_use();
+                Ok(self.carve(p, place, size, requested))
+            }
+            first => self.malloc_mapping(pages, p, first, size, requested),
+        }
+    }
+
+    /// Reserves pool `p`'s range (its first allocation) and publishes it.
+    #[cold]
+    #[inline(never)]
+    fn reserve_range(&mut self, pages: &Pages, p: usize) -> BackendResult<()> {
+        self.pools[p].ensure_range(pages, self.config.range_size)?;
+        self.ranges.publish(p, self.pools[p].range());
+        Ok(())
+    }
+
+    /// [`StreamState::malloc_mapped`] when the placement found (`first`)
+    /// needs pages: kept blocks give their pages back, then the placement's
+    /// missing pages are mapped (out of the hot path's way).
+    #[cold]
+    #[inline(never)]
+    fn malloc_mapping(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        first: Option<Placement>,
+        size: u64,
+        requested: u64,
+    ) -> BackendResult<u64> {
         let none = || BackendError::OutOfMemory {
             call: CallKind::ReserveRange,
             requested: size,
         };
-        let mut place = self.pools[p].place(size).ok_or_else(none)?;
-        if place.unmapped > 0 && self.pools[0].kept_count() > 0 {
-            // Kept small blocks give their pages back before any is mapped.
-            self.pools[0].release_kept();
+        let mut place = first.ok_or_else(none)?;
+        if place.unmapped > 0 && self.pools[p].release_kept_for(size) {
+            // One kept block large enough gives its mapped pages back.
             place = self.pools[p].place(size).ok_or_else(none)?;
         }
-        let slots = self.pools[p]
-            .slots
-            .as_mut()
-            .expect("ensure_range made the slots");
-        let span = slots.span(place.at, size);
-        slots.acquire(span.clone());
-        let in_use = self.in_use();
-        if in_use > self.peak_in_use {
-            self.peak_in_use = in_use;
-            self.remaps = 0;
-            self.allocations = 0;
+        if place.unmapped > 0 && self.pools.iter().any(|p| p.kept_count() > 0) {
+            // Kept blocks give their pages back before any is mapped.
+            self.pools.iter_mut().for_each(Pool::release_kept);
+            place = self.pools[p].place(size).ok_or_else(none)?;
         }
+        let slots = self.pools[p].slots.as_mut().expect("a range has slots");
+        let span = slots.span(place.at, size);
+        if place.unmapped == 0 {
+            slots.acquire_mapped(span.clone());
+        } else {
+            slots.acquire(span.clone());
+        }
+        self.note_in_use();
         if place.unmapped > 0 {
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
@@ -219,11 +263,27 @@ impl StreamState {
                 return Err(e);
             }
         }
+        Ok(self.carve(p, place, size, requested))
+    }
+
+    /// Hands out `size` bytes of pool `p` at `place` for `requested`.
+    fn carve(&mut self, p: usize, place: Placement, size: u64, requested: u64) -> u64 {
         self.pools[p]
             .heap
             .carve(place.id, place.at, size, requested);
         self.ledger.allocated(p == 0, place.at, size, requested);
-        Ok(place.at)
+        place.at
+    }
+
+    /// Records a new peak of pages in use, if this is one (and restarts the
+    /// churn counts).
+    fn note_in_use(&mut self) {
+        let in_use = self.in_use();
+        if in_use > self.peak_in_use {
+            self.peak_in_use = in_use;
+            self.remaps = 0;
+            self.allocations = 0;
+        }
     }
 
     fn malloc_segmented(
@@ -266,17 +326,13 @@ impl StreamState {
     /// reserved bytes past the budget over the peak of active bytes, so idle
     /// segments (which cannot fit the request) should go back first.
     fn over_budget(&self, size: u64) -> bool {
-        let s = &self.ledger.stats;
+        let s = self.ledger.stats();
         let active = (s.active_bytes.all.current as u64 + size).max(s.active_bytes.all.peak as u64);
         (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + SEGMENT_SLACK) * active as f64
     }
 
     fn in_use(&self) -> u64 {
-        self.pools
-            .iter()
-            .filter_map(|p| p.slots.as_ref())
-            .map(|s| s.in_use())
-            .sum()
+        self.pools.iter().map(Pool::in_use).sum()
     }
 
     fn mapped(&self) -> u64 {
@@ -322,9 +378,13 @@ impl StreamState {
         keep: &std::ops::Range<u32>,
     ) -> BackendResult<PageHandle> {
         let mapped = self.mapped();
-        self.churning |= self.remaps >= CHURN_REMAPS * mapped.max(1)
+        if !self.churning
+            && self.remaps >= CHURN_REMAPS * mapped.max(1)
             && self.allocations >= CHURN_ALLOCATIONS * mapped
-            && self.remaps * CHURN_RATE >= self.allocations;
+            && self.remaps * CHURN_RATE >= self.allocations
+        {
+            self.start_churning();
+        }
         if mapped >= self.budget() {
             if let Some(page) = self.steal(pages, p, keep)? {
                 self.remaps += 1;
@@ -335,6 +395,29 @@ impl StreamState {
             Err(e) if e.is_out_of_memory() => self.steal(pages, p, keep)?.ok_or(e),
             other => other,
         }
+    }
+
+    /// Raises the budget (until [`StreamState::start_afresh`]) and keeps
+    /// recently freed large blocks for exact-size reuse (see the module docs).
+    #[cold]
+    fn start_churning(&mut self) {
+        self.churning = true;
+        if self.config.threshold.is_none() && self.config.churn_slack > 0.0 {
+            self.pools[1].start_keeping();
+        }
+    }
+
+    /// Forgets the page history (peak, churn) once the large pool gave its
+    /// range back: what comes next is laid out anew, and is judged anew. A
+    /// stream that stayed churning kept its large blocks from the first
+    /// allocation on, a layout that never settled (bert_dynamic after
+    /// `empty_cache`: 16 to 404 driver calls a pass instead of none).
+    fn start_afresh(&mut self) {
+        self.peak_in_use = self.in_use();
+        self.remaps = 0;
+        self.allocations = 0;
+        self.churning = false;
+        self.pools[1].stop_keeping();
     }
 
     /// Pages this stream may hold before it re-maps cached ones.
@@ -443,16 +526,24 @@ impl StreamState {
     fn free_inner(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
+        if !self.recorded.is_empty() {
+            if let Some(streams) = self.recorded.remove(&addr) {
+                self.defer_free(pages, p, id, streams);
+                return;
+            }
+        }
+        self.ledger.freed(p == 0, addr, size, requested);
+        self.reclaim(pages, p, id);
+    }
+
+    /// Frees block `id`, used on `streams` too, once their work queued so far
+    /// is done: events recorded now are checked at later allocations.
+    #[cold]
+    #[inline(never)]
+    fn defer_free(&mut self, pages: &Pages, p: usize, id: BlockId, streams: Vec<StreamId>) {
+        let b = self.pools[p].heap.block(id);
+        let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_requested(p == 0, addr, size, requested);
-        let recorded = if self.recorded.is_empty() {
-            None
-        } else {
-            self.recorded.remove(&addr)
-        };
-        let Some(streams) = recorded else {
-            self.complete(pages, p, id);
-            return;
-        };
         let pool = &mut self.pools[p];
         if !pool.keeps_freed() {
             pool.heap.restore_live(id);
@@ -501,28 +592,42 @@ impl StreamState {
     /// Makes a freed block reusable (it is in the address index if and only
     /// if its pool keeps freed blocks).
     fn complete(&mut self, pages: &Pages, p: usize, id: BlockId) {
-        let pool = &mut self.pools[p];
-        let b = pool.heap.block(id);
+        let b = self.pools[p].heap.block(id);
         let (addr, size, requested) = (b.addr, b.size, b.requested);
         self.ledger.free_completed(p == 0, addr, size, requested);
+        self.reclaim(pages, p, id);
+    }
+
+    /// [`StreamState::complete`] after the statistics: the block is kept for
+    /// reuse or merged back into its heap.
+    fn reclaim(&mut self, pages: &Pages, p: usize, id: BlockId) {
+        let pool = &mut self.pools[p];
+        let b = pool.heap.block(id);
+        let (addr, size) = (b.addr, b.size);
         if pool.keeps_freed() {
             pool.keep(id);
             return;
         }
         if let Some(slots) = pool.slots.as_mut() {
-            slots.release(slots.span(addr, size));
+            slots.release_mapped(slots.span(addr, size));
         }
-        let before = pool.heap.split_free();
+        let segments = pool.slots.is_none().then(|| pool.heap.split_free());
         pool.heap.release(id);
-        if pool.slots.is_none() {
+        if let Some(before) = segments {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
-        if let Some(keep) = self
-            .config
-            .threshold
-            .filter(|k| self.pools[p].cached_bytes() > *k)
-        {
+        if let Some(keep) = self.config.threshold {
+            self.keep_under(pages, p, keep);
+        }
+    }
+
+    /// Gives pool `p`'s cached memory back down to the release threshold
+    /// `keep`, if it is over.
+    #[cold]
+    #[inline(never)]
+    fn keep_under(&mut self, pages: &Pages, p: usize, keep: u64) {
+        if self.pools[p].cached_bytes() > keep {
             // Best effort: what fails to go back stays cached and is retried at
             // the next free, `empty_cache` or out-of-memory flush.
             let _ = self.pools[p].release_cached(pages, &mut self.ledger, keep);
@@ -601,6 +706,9 @@ impl StreamState {
             self.pools[p].release_range_if_empty(pages)?;
             self.ranges.publish(p, self.pools[p].range());
         }
+        if self.pools[1].range().is_none() {
+            self.start_afresh();
+        }
         while let Some(e) = self.spare_events.pop() {
             pages
                 .backend()
@@ -625,9 +733,10 @@ impl StreamState {
 
     /// Checks this stream's invariants.
     pub(crate) fn validate(&self) -> Result<(), String> {
+        let stats = self.ledger.stats();
         let mut pending_blocks = 0;
         for (p, pool) in self.pools.iter().enumerate() {
-            pending_blocks += super::audit::audit_pool(pool, &self.ledger.stats, p == 0)?;
+            pending_blocks += super::audit::audit_pool(pool, &stats, p == 0)?;
         }
         if pending_blocks != self.pending.len() {
             return Err(format!(
@@ -639,6 +748,6 @@ impl StreamState {
             self.find(*ptr)
                 .map_err(|e| format!("record_stream entry {ptr:#x}: {e}"))?;
         }
-        super::audit::audit_totals(&self.ledger.stats)
+        super::audit::audit_totals(&stats)
     }
 }

@@ -121,17 +121,16 @@ impl OrderedMap {
 mod tests {
     use super::*;
     use crate::policy::arena::ArenaId;
+    use crate::test_rng::XorShift;
 
     /// The flat and the tree form answer every query alike, across the switch.
     #[test]
     fn flat_and_tree_agree_with_a_btree() {
         let mut map = OrderedMap::default();
         let mut reference = BTreeMap::new();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
         for step in 0..4 * FLAT_MAX {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.draw();
             let key = u128::from(x % 2048) << 64 | u128::from(x >> 40);
             let id = BlockId::from_index(step);
             if x.is_multiple_of(5) {
