@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Builds the PyTorch plug-in (libcachalot_torch.so) and copies it, the Python
-# module, its tests and the model benchmark where the device tool carries them:
-# DEST/torch/. scripts/gpu.sh runs them when DEST/torch exists.
+# Builds the cachalot_torch wheel (the Rust library inside) and copies it, the
+# Python tests and the model benchmark where the device tool carries them:
+# DEST/torch/. scripts/gpu-torch.sh installs the wheel in a fresh virtual
+# environment there and runs everything.
 # Usage: scripts/build-gpu-torch.sh [DEST]   (DEST defaults to ./gpu-bin, git-ignored)
+# CACHALOT_CARGO_PROFILE=release builds faster than the shipped dist profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-gpu-bin}
-# The dist profile: release, optimized as one unit (fat LTO), as a shipped library.
-cargo build --profile dist -p cachalot-torch
-mkdir -p "$dest/torch/python" "$dest/torch/scripts"
-strip --strip-debug -o "$dest/torch/libcachalot_torch.so" target/dist/libcachalot_torch.so
-cp python/*.py "$dest/torch/python/"
-cp scripts/torch_bench.py scripts/torch_ddp.py "$dest/torch/scripts/"
+rm -rf "$dest/torch"
+mkdir -p "$dest/torch/tests" "$dest/torch/scripts"
+pip wheel --no-deps -w "$dest/torch" ./python
+# The one-process allocator bench dlopens the plain library.
+unzip -o -j -q "$dest"/torch/cachalot_torch-*.whl '*/libcachalot_torch.so' -d "$dest/torch"
+cp python/tests/*.py "$dest/torch/tests/"
+cp scripts/torch_bench.py scripts/torch_ddp.py scripts/gpu-torch.sh "$dest/torch/scripts/"
 echo "built: $(ls "$dest/torch")"

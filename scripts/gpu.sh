@@ -79,20 +79,12 @@ if [ ! -f "$bin/ext/cachalot_native_bench.so" ] && [ -f /tmp/cachalot-ext/cachal
   cp /tmp/cachalot-ext/cachalot_native_bench.so "$out/" && echo "built extension copied to \$OUT"
 fi
 
-section "6. PyTorch plug-in: side-stream tests and real models"
+section "6. PyTorch drop-in: the wheel in a fresh venv, the plug-in suite per policy, real models"
 torch_dir="$(dirname "$bin")/torch"
-if [ -f "$torch_dir/libcachalot_torch.so" ]; then
-  for policy in pytorch cachalot; do
-    echo "--- python/test_cachalot_torch.py, policy:$policy"
-    CACHALOT_ALLOC_CONF="policy:$policy" CACHALOT_TORCH_LIB="$torch_dir/libcachalot_torch.so" \
-      python3 "$torch_dir/python/test_cachalot_torch.py" || { status=1; echo "FAILED: plug-in tests ($policy)"; }
-  done
-  if [ "$quick" != --quick ]; then
-    python3 "$torch_dir/scripts/torch_bench.py" --lib "$torch_dir/libcachalot_torch.so" \
-      --steps ${TORCH_STEPS:-20} --warmup 5 --json "$out/torch.json" --markdown "$out/torch.md" || status=1
-  fi
+if ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+  bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" $quick || status=1
 else
-  echo "skipped: no plug-in in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
 fi
 
 section "7. tables"

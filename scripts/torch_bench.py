@@ -19,7 +19,7 @@ allocator's own statistics (reserved_bytes.all.peak) and the device's free
 memory (cudaMemGetInfo) sampled at every step boundary, as a drop from the
 level before the model was built.
 
-    python3 scripts/torch_bench.py --lib target/release/libcachalot_torch.so \
+    python3 scripts/torch_bench.py \
         --json out.json --markdown out.md
 """
 
@@ -65,19 +65,13 @@ class Memory:
         self.cachalot = cachalot
 
     def stats(self):
-        if self.cachalot is not None:
-            return self.cachalot.memory_stats()
         return self.torch.cuda.memory_stats()
 
     def reset(self):
         self.torch.cuda.synchronize()
-        self.torch.cuda.empty_cache()  # cachalot gets it through its reset hook
-        if self.cachalot is not None:
-            self.cachalot.reset_peak_memory_stats()
-            self.cachalot.reset_accumulated_memory_stats()
-        else:
-            self.torch.cuda.reset_peak_memory_stats()
-            self.torch.cuda.reset_accumulated_memory_stats()
+        self.torch.cuda.empty_cache()
+        self.torch.cuda.reset_peak_memory_stats()
+        self.torch.cuda.reset_accumulated_memory_stats()
 
     def free_bytes(self):
         return self.torch.cuda.mem_get_info()[0]
@@ -171,7 +165,7 @@ def _run_model(torch, memory, name, args):
     free_before = memory.free_bytes()
     _seed(torch, 0)
     model, step = BUILDERS[name](torch, args)
-    losses, times, min_free = [], [], memory.free_bytes()
+    losses, times, min_free, step_stats = [], [], memory.free_bytes(), []
     for i in range(args.warmup + args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -180,6 +174,7 @@ def _run_model(torch, memory, name, args):
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         min_free = min(min_free, memory.free_bytes())
+        step_stats.append(memory.stats())
     stats = memory.stats()
     del model, step, loss
     gc.collect()
@@ -188,6 +183,8 @@ def _run_model(torch, memory, name, args):
         "losses": losses,
         "step_ms_median": statistics.median(timed) * 1e3,
         "step_ms_all": [t * 1e3 for t in timed],
+        "first_step_ms": times[0] * 1e3,
+        "step_stats": step_stats,
         "peak_reserved": stats["reserved_bytes.all.peak"],
         "peak_allocated": stats["allocated_bytes.all.peak"],
         "peak_requested": stats.get("requested_bytes.all.peak", 0),
@@ -203,10 +200,9 @@ def worker(args):
 
     cachalot = None
     if args.worker.startswith("cl-"):
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
         import cachalot_torch
 
-        cachalot_torch.use(args.lib)
+        cachalot_torch.use()
         cachalot = cachalot_torch
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -268,7 +264,7 @@ def _run_config(name, args):
 
 def _passthrough(args):
     out = []
-    for key in ("lib", "models", "steps", "warmup", "resnet_batch", "gpt2_batch", "gpt2_seq", "gpt2_layers", "bert_batch"):
+    for key in ("models", "steps", "warmup", "resnet_batch", "gpt2_batch", "gpt2_seq", "gpt2_layers", "bert_batch"):
         value = getattr(args, key)
         if value is not None:
             out += ["--" + key.replace("_", "-"), str(value)]
@@ -286,13 +282,29 @@ def _compare(results):
                 err = results.get(config, {}).get("_error", "not run")
                 rows.append({"model": model, "config": config, "error": err[:200]})
                 continue
-            row = {"model": model, "config": config, **{k: v for k, v in r.items() if k not in ("losses", "step_ms_all")}}
+            skip = ("losses", "step_ms_all", "step_stats")
+            row = {"model": model, "config": config, **{k: v for k, v in r.items() if k not in skip}}
             if base is not None:
                 n = min(len(base["losses"]), len(r["losses"]))
                 row["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(base["losses"][:n], r["losses"][:n]))
                 row["step_vs_native_pct"] = 100.0 * (r["step_ms_median"] / base["step_ms_median"] - 1.0)
+                row["first_step_native_ms"] = base["first_step_ms"]
+                row["stats_steps_equal"] = _equal_steps(base["step_stats"], r["step_stats"])
             rows.append(row)
     return rows
+
+
+def _equal_steps(native, other):
+    """`(equal, total, first difference)`: after how many training steps every
+    `torch.cuda.memory_stats()` key equals native's, values included."""
+    equal, first = 0, None
+    for i, (a, b) in enumerate(zip(native, other)):
+        differ = sorted(k for k in a if a[k] != b.get(k))
+        if differ:
+            first = first or f"step {i}: " + ", ".join(f"{k} {b.get(k)} vs {a[k]}" for k in differ[:4])
+        else:
+            equal += 1
+    return [equal, len(native), first]
 
 
 def _markdown(env, rows, command):
@@ -302,18 +314,18 @@ def _markdown(env, rows, command):
         "",
         f"Command: `{command}`",
         "",
-        "| model | allocator | step ms (median) | vs native | peak reserved (allocator) | peak reserved (cudaMemGetInfo) "
-        "| peak allocated | reserved / requested | device allocs | max abs loss diff |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | allocator | step ms (median) | vs native | first step ms | peak reserved (allocator) "
+        "| peak reserved (cudaMemGetInfo) | peak allocated | reserved / requested | device allocs | max abs loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['config']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['model']} | {r['config']} | error: {r['error']} | | | | | | | | |")
             continue
         ratio = r["peak_reserved"] / r["peak_requested"] if r.get("peak_requested") else float("nan")
         lines.append(
             f"| {r['model']} | {r['config']} | {r['step_ms_median']:.2f} | {r.get('step_vs_native_pct', 0.0):+.2f}% "
-            f"| {r['peak_reserved'] / MIB:.0f} MiB | {r['device_peak_delta'] / MIB:.0f} MiB "
+            f"| {r['first_step_ms']:.1f} | {r['peak_reserved'] / MIB:.0f} MiB | {r['device_peak_delta'] / MIB:.0f} MiB "
             f"| {r['peak_allocated'] / MIB:.0f} MiB | {ratio:.3f} | {r['device_allocs']} "
             f"| {r.get('max_abs_loss_diff', 0.0):.3g} |"
         )
@@ -324,6 +336,11 @@ def _markdown(env, rows, command):
         if a and b:
             keys = ("peak_reserved", "peak_allocated", "peak_requested", "device_allocs", "segments_peak")
             differ = [f"{k} {b[k]} vs {a[k]}" for k in keys if a[k] != b[k]]
+            equal, total, first = b.get("stats_steps_equal", [0, 0, "not compared"])
+            lines.append(
+                f"- {model}: torch.cuda.memory_stats() under cachalot's pytorch policy equals native's, every key, "
+                f"after {equal} of {total} steps" + (f" (first difference: {first})." if first else ".")
+            )
             lines.append(
                 f"- {model}: cachalot's pytorch policy vs PyTorch native: peak reserved {b['peak_reserved']} vs "
                 f"{a['peak_reserved']} bytes, device allocations {b['device_allocs']} vs {a['device_allocs']}, "
@@ -359,7 +376,6 @@ def driver(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--lib", help="path of libcachalot_torch.so")
     p.add_argument("--configs", default=",".join(CONFIGS), help="allocators to run (native always runs)")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--steps", type=int, default=20, help="timed steps per model")

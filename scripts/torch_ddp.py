@@ -4,7 +4,7 @@
 Launcher (runs torchrun twice, PyTorch's allocator then cachalot, and compares
 the losses step by step):
 
-    python3 scripts/torch_ddp.py --nproc 2 --lib target/release/libcachalot_torch.so
+    python3 scripts/torch_ddp.py --nproc 2   # with the cachalot_torch package installed
 
 One rank (what torchrun starts):
 
@@ -35,10 +35,9 @@ def rank_main(args):
 
     cachalot = None
     if args.allocator == "cachalot":
-        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
         import cachalot_torch
 
-        cachalot_torch.use(args.lib, conf=f"policy:{args.policy}")
+        cachalot_torch.use(conf=f"policy:{args.policy}")
         cachalot = cachalot_torch
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
@@ -100,8 +99,6 @@ def launch(args, allocator):
         "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
         "--seq", str(args.seq), "--layers", str(args.layers),
     ]  # fmt: skip
-    if args.lib:
-        cmd += ["--lib", os.path.abspath(args.lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -127,7 +124,6 @@ def main():
     p.add_argument("--rank-main", action="store_true", help="run as one torchrun rank")
     p.add_argument("--allocator", choices=["native", "cachalot"], default="cachalot")
     p.add_argument("--policy", choices=["pytorch", "cachalot"], default="cachalot")
-    p.add_argument("--lib", help="path of libcachalot_torch.so")
     p.add_argument("--nproc", type=int, default=2, help="GPUs (launcher)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)

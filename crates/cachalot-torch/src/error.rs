@@ -35,6 +35,15 @@ pub enum PluginError {
         #[source]
         source: cachalot::Error,
     },
+    /// The device ran out of memory: PyTorch's message, cachalot's breakdown and
+    /// advice. Remedy: free memory, or change the configuration the advice names.
+    #[error("{description}")]
+    OutOfMemory {
+        /// The device ordinal.
+        device: usize,
+        /// The whole description.
+        description: String,
+    },
     /// An address that no device's allocator handed out.
     #[error("{0:#x} was not allocated by cachalot on any device")]
     UnknownPointer(u64),

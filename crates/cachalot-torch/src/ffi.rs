@@ -28,7 +28,7 @@ pub const CONF_VAR: &str = "CACHALOT_ALLOC_CONF";
 static REGISTRY: OnceLock<Result<Registry, cachalot::config::ConfigError>> = OnceLock::new();
 
 /// The process's registry, created on first use from [`CONF_VAR`].
-fn registry() -> PluginResult<&'static Registry> {
+pub(crate) fn registry() -> PluginResult<&'static Registry> {
     let made = REGISTRY.get_or_init(|| {
         let conf = std::env::var(CONF_VAR).unwrap_or_default();
         AllocatorConfig::parse(&conf)

@@ -37,6 +37,7 @@
 
 pub mod context;
 pub mod device;
+pub mod dropin;
 pub mod error;
 pub mod ffi;
 pub mod guard;

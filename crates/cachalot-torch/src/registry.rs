@@ -50,6 +50,9 @@ pub type DeviceFactory =
 struct Slot {
     allocator: Arc<dyn DeviceAllocator>,
     streams: Option<KnownStreams>,
+    /// When the allocator was created, in microseconds since the Unix epoch: its
+    /// events are stamped in microseconds since then.
+    opened_unix_us: u64,
 }
 
 impl Slot {
@@ -169,6 +172,9 @@ impl Registry {
         if let Some(slot) = cell.get() {
             return Ok((index, slot));
         }
+        let opened_unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let opened = (self.factory)(index, &self.config).map_err(PluginError::allocator(index))?;
         self.recording
             .lock()
@@ -177,6 +183,7 @@ impl Registry {
         let slot = Slot {
             allocator: opened.allocator,
             streams: opened.register_stream.map(KnownStreams::new),
+            opened_unix_us,
         };
         self.open_count.fetch_add(1, Ordering::Release);
         Ok((index, cell.get_or_init(|| slot)))
@@ -228,6 +235,34 @@ impl Registry {
         slot.allocator
             .free(ptr)
             .map_err(PluginError::allocator(index))
+    }
+
+    /// When `device` was opened, in microseconds since the Unix epoch (its
+    /// events' times count from then); `None` when it was never opened.
+    pub fn opened_unix_us(&self, device: usize) -> Option<u64> {
+        self.slots
+            .get(device)?
+            .get()
+            .map(|slot| slot.opened_unix_us)
+    }
+
+    /// Frees an allocation of whichever device handed it out (PyTorch's deleters
+    /// name no device). The null address is a no-op.
+    ///
+    /// # Errors
+    /// [`PluginError::UnknownPointer`] when no device handed `ptr` out.
+    pub fn free_any(&self, ptr: DevicePtr) -> PluginResult<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        for (device, allocator) in self.devices() {
+            match allocator.free(ptr) {
+                Ok(()) => return Ok(()),
+                Err(cachalot::Error::InvalidFree { .. }) if self.open_count() > 1 => continue,
+                Err(e) => return Err(PluginError::allocator(device)(e)),
+            }
+        }
+        Err(PluginError::UnknownPointer(ptr))
     }
 
     /// Marks `ptr` as used by `stream`, so its free waits for the work queued
@@ -288,21 +323,30 @@ impl Registry {
         .to_string())
     }
 
-    /// Starts (`Some`, with fresh recorders) or stops (`None`) history recording
-    /// on every device, now and for devices created later.
-    pub fn set_history(&self, config: Option<HistoryConfig>) {
+    /// Starts (`Some`) or stops (`None`) history recording on every device, now
+    /// and for devices created later. Starting makes fresh recorders unless
+    /// recording is already on and `clear` is false; stopping keeps the events
+    /// for snapshots unless `clear` is true.
+    pub fn set_history(&self, config: Option<HistoryConfig>, clear: bool) {
         // Same lock order as `open`: no device can be half-created meanwhile.
         let _creating = self.creating.lock().unwrap_or_else(PoisonError::into_inner);
         let mut recording = self
             .recording
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let keep = config.is_some() && recording.config.is_some() && !clear;
         recording.config = config;
+        if keep {
+            return;
+        }
         for (device, allocator) in self.devices() {
             if recording.config.is_some() {
                 recording.start(device, allocator);
             } else {
                 allocator.set_observer(None);
+                if clear {
+                    recording.devices.remove(&device);
+                }
             }
         }
     }
@@ -523,10 +567,10 @@ mod tests {
     fn history_reaches_devices_opened_before_and_after_it_starts() {
         let (registry, _, _) = sim_registry("");
         let before = registry.malloc(4096, 0, StreamId::DEFAULT).unwrap();
-        registry.set_history(Some(HistoryConfig::default()));
+        registry.set_history(Some(HistoryConfig::default()), false);
         registry.free(before, 0).unwrap();
         let after = registry.malloc(4096, 2, StreamId::DEFAULT).unwrap();
-        registry.set_history(None);
+        registry.set_history(None, false);
         registry.free(after, 2).unwrap();
         let actions = |d| {
             registry

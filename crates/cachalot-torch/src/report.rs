@@ -4,10 +4,13 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 
+use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
+use cachalot::snapshot::BlockState;
 use cachalot::snapshot_io::{pickle, SnapshotDump};
 use serde_pickle::{HashableValue, SerOptions, Value};
 
+use crate::dropin::{BlockRow, SegmentRow, TraceRow};
 use crate::error::{PluginError, PluginResult};
 use crate::registry::Registry;
 
@@ -36,7 +39,7 @@ pub fn record_history(registry: &Registry, enabled: bool, max_entries: usize) {
         capacity,
         ..HistoryConfig::default()
     });
-    registry.set_history(config);
+    registry.set_history(config, false);
 }
 
 /// Writes every open device's segments, blocks and recorded history to `path` as
@@ -70,6 +73,56 @@ pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
     serde_pickle::value_to_writer(&mut out, &value, SerOptions::new())
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
     out.flush().map_err(io)
+}
+
+/// Every open device's segments, blocks and recorded events as the rows of the
+/// drop-in allocator's snapshot (`cachalot_snapshot_take`). Event times become
+/// microseconds since the Unix epoch.
+pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Vec<TraceRow>) {
+    let (mut segments, mut blocks, mut trace) = (Vec::new(), Vec::new(), Vec::new());
+    for (device, allocator) in registry.devices() {
+        for segment in allocator.snapshot().segments {
+            segments.push(SegmentRow {
+                device: device as i64,
+                address: segment.address,
+                total_size: segment.total_size,
+                requested_size: segment.blocks.iter().map(|b| b.requested_size).sum(),
+                allocated_size: segment.allocated_size(),
+                active_size: segment.active_size(),
+                stream: segment.stream.0,
+                is_large: u8::from(!segment.is_small),
+                is_expandable: u8::from(segment.is_expandable),
+                first_block: blocks.len(),
+                block_count: segment.blocks.len(),
+            });
+            blocks.extend(segment.blocks.iter().map(|b| BlockRow {
+                address: b.address,
+                size: b.size,
+                requested_size: b.requested_size,
+                allocated: u8::from(b.state == BlockState::ActiveAllocated),
+                active: u8::from(b.state != BlockState::Inactive),
+            }));
+        }
+        let (Some(history), Some(opened)) =
+            (registry.history(device), registry.opened_unix_us(device))
+        else {
+            continue;
+        };
+        trace.extend(history.events().into_iter().map(|r| {
+            TraceRow {
+                device: device as i64,
+                action: Action::ALL
+                    .iter()
+                    .position(|&a| a == r.event.action)
+                    .unwrap_or(0) as u32,
+                addr: r.event.addr,
+                size: r.event.size,
+                stream: r.event.stream.0,
+                time_unix_us: opened.saturating_add(r.event.time_us),
+            }
+        }));
+    }
+    (segments, blocks, trace)
 }
 
 /// Adds a later device's snapshot to `into`: its segments are appended and its

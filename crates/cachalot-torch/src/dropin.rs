@@ -1,0 +1,565 @@
+//! The C entry points of the drop-in allocator: the C++ subclass of PyTorch's
+//! `CUDAAllocator` (`python/cachalot_torch/csrc/cachalot_allocator.cpp`) answers
+//! every method through these.
+//!
+//! Unlike the callbacks of [`crate::ffi`], each function here returns a status
+//! and hands its failure's message to the caller (`*message`, freed with
+//! `cachalot_string_free`), so the C++ side can raise the right PyTorch
+//! exception on the calling thread: [`OOM`] becomes `torch.cuda.OutOfMemoryError`,
+//! [`ERROR`] a `RuntimeError`.
+
+use std::ffi::{c_char, c_double, c_int, c_void};
+use std::ptr;
+
+use cachalot::event::Action;
+use cachalot::history::HistoryConfig;
+use cachalot::snapshot::BlockState;
+use cachalot::stats::{Stat, StatArray};
+use cachalot::{Error, MemoryStats};
+
+use crate::error::{c_string, PluginError, PluginResult};
+use crate::ffi::registry;
+use crate::guard::guard;
+
+/// The call succeeded.
+pub const OK: c_int = 0;
+/// The device ran out of memory; `*message` holds PyTorch's message with
+/// cachalot's breakdown.
+pub const OOM: c_int = 1;
+/// Any other failure; `*message` says what.
+pub const ERROR: c_int = 2;
+
+/// How many numbers [`cachalot_device_stats`] writes: nine arrays of three
+/// statistics (all, small pool, large pool) of four numbers (current, peak,
+/// allocated, freed), two single statistics of four, five counters and the
+/// split limit.
+pub const STATS_LEN: usize = 9 * 3 * 4 + 2 * 4 + 5 + 1;
+
+/// What an out-of-memory failure tells PyTorch's out-of-memory observers.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OomInfo {
+    /// The device ordinal.
+    pub device: i64,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// The device's total memory.
+    pub device_total: u64,
+    /// The device's free memory.
+    pub device_free: u64,
+}
+
+/// Runs `body` at the C boundary: the status, with `*message` set on failure.
+fn reply(message: *mut *mut c_char, body: impl FnOnce() -> PluginResult<()>) -> c_int {
+    let mut failure = None;
+    let status = guard(ERROR, || match body() {
+        Ok(()) => Ok(OK),
+        Err(e) => {
+            let code = if is_oom(&e) { OOM } else { ERROR };
+            failure = Some(e.to_string());
+            Ok(code)
+        }
+    });
+    let text = failure.or_else(|| (status != OK).then(|| crate::error::last().unwrap_or_default()));
+    if let Some(text) = text.filter(|_| !message.is_null()) {
+        // SAFETY: `message` is non-null and, by every caller's contract, points to
+        // a writable `char*`.
+        unsafe { *message = c_string(text).into_raw() };
+    }
+    status
+}
+
+fn is_oom(error: &PluginError) -> bool {
+    matches!(
+        error,
+        PluginError::OutOfMemory { .. }
+            | PluginError::Allocator {
+                source: Error::OutOfMemory(_) | Error::TooLarge { .. },
+                ..
+            }
+    )
+}
+
+/// Writes through `out` when the caller gave somewhere to write.
+fn put<T>(out: *mut T, value: T) {
+    if !out.is_null() {
+        // SAFETY: `out` is non-null and, by every caller's contract, points to a
+        // writable `T`.
+        unsafe { *out = value };
+    }
+}
+
+/// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`) and
+/// writes the address to `*out` (NULL for 0 bytes). On out of memory returns
+/// [`OOM`], with PyTorch's message and cachalot's breakdown in `*message` and
+/// the observers' figures in `*oom`.
+///
+/// # Safety
+/// `out` must point to a writable pointer; `message` and `oom` must be NULL or
+/// point to writable values of their types.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    out: *mut *mut c_void,
+    message: *mut *mut c_char,
+    oom: *mut OomInfo,
+) -> c_int {
+    reply(message, || {
+        let registry = registry()?;
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        let stream = cachalot::StreamId(stream.addr() as u64);
+        match registry.malloc(size, i64::from(device), stream) {
+            Ok(addr) => {
+                put(out, ptr::without_provenance_mut(addr as usize));
+                Ok(())
+            }
+            Err(e) => {
+                if let PluginError::Allocator {
+                    source: Error::OutOfMemory(report),
+                    ..
+                } = &e
+                {
+                    put(oom, oom_info(report));
+                }
+                Err(oom_message(e))
+            }
+        }
+    })
+}
+
+fn oom_info(report: &cachalot::error::OomReport) -> OomInfo {
+    OomInfo {
+        device: report.device as i64,
+        allocated: report.allocated,
+        device_total: report.capacity,
+        device_free: report.device_free,
+    }
+}
+
+/// An out-of-memory error with the whole description (PyTorch's sentence, the
+/// breakdown, the advice); other errors as they are.
+fn oom_message(error: PluginError) -> PluginError {
+    match error {
+        PluginError::Allocator {
+            device,
+            source: Error::OutOfMemory(report),
+        } => PluginError::OutOfMemory {
+            device,
+            description: cachalot::report::oom::describe(&report),
+        },
+        other => other,
+    }
+}
+
+/// Frees `ptr`, whichever device handed it out. NULL is a no-op.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_free_any(ptr: *mut c_void, message: *mut *mut c_char) -> c_int {
+    reply(message, || registry()?.free_any(ptr.addr() as u64))
+}
+
+/// Marks `ptr` as used on `stream`, so its free waits for the work queued there.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_record_stream_to(
+    ptr: *mut c_void,
+    stream: *mut c_void,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        registry()?.record_stream(ptr.addr() as u64, cachalot::StreamId(stream.addr() as u64))
+    })
+}
+
+/// Returns every device's cached, unused memory to the driver.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_release_cache(message: *mut *mut c_char) -> c_int {
+    reply(message, || registry()?.empty_cache())
+}
+
+/// Limits `device` to `fraction` of its memory.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_limit_fraction(
+    fraction: c_double,
+    device: c_int,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        registry()?.set_memory_fraction(fraction, i64::from(device))
+    })
+}
+
+/// Writes `device`'s statistics to `out` ([`STATS_LEN`] numbers, in the order
+/// of PyTorch's `DeviceStats`: see [`stats_numbers`]).
+///
+/// # Safety
+/// `out` must point to `len` writable `int64_t`; `message` must be NULL or
+/// point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_device_stats(
+    device: c_int,
+    out: *mut i64,
+    len: usize,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        if out.is_null() || len < STATS_LEN {
+            return Err(PluginError::InvalidArgument(format!(
+                "the statistics need {STATS_LEN} numbers, {len} given"
+            )));
+        }
+        let numbers = stats_numbers(&registry()?.device(i64::from(device))?.stats());
+        // SAFETY: `out` holds at least `len >= STATS_LEN` writable numbers.
+        unsafe { std::slice::from_raw_parts_mut(out, STATS_LEN) }.copy_from_slice(&numbers);
+        Ok(())
+    })
+}
+
+/// The statistics as [`STATS_LEN`] numbers: the nine arrays (allocation,
+/// segment, active, inactive_split, allocated_bytes, reserved_bytes,
+/// active_bytes, inactive_split_bytes, requested_bytes), each as all, small
+/// pool, large pool, each as current, peak, allocated, freed; then
+/// oversize_allocations and oversize_segments the same way; then
+/// num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
+/// num_device_free and max_split_size.
+pub fn stats_numbers(stats: &MemoryStats) -> [i64; STATS_LEN] {
+    let arrays: [&StatArray; 9] = [
+        &stats.allocation,
+        &stats.segment,
+        &stats.active,
+        &stats.inactive_split,
+        &stats.allocated_bytes,
+        &stats.reserved_bytes,
+        &stats.active_bytes,
+        &stats.inactive_split_bytes,
+        &stats.requested_bytes,
+    ];
+    let stat = |s: &Stat| [s.current, s.peak, s.allocated, s.freed];
+    let mut out = Vec::with_capacity(STATS_LEN);
+    for array in arrays {
+        for s in [&array.all, &array.small_pool, &array.large_pool] {
+            out.extend(stat(s));
+        }
+    }
+    out.extend(stat(&stats.oversize_allocations));
+    out.extend(stat(&stats.oversize_segments));
+    out.extend([
+        stats.num_alloc_retries,
+        stats.num_ooms,
+        stats.num_sync_all_streams,
+        stats.num_device_alloc,
+        stats.num_device_free,
+        stats.max_split_size,
+    ]);
+    out.try_into().unwrap_or([0; STATS_LEN])
+}
+
+/// Sets every peak of `device` to its current value.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_reset_peaks(device: c_int, message: *mut *mut c_char) -> c_int {
+    reply(message, || {
+        registry()?.device(i64::from(device))?.reset_peak_stats();
+        Ok(())
+    })
+}
+
+/// Zeroes every cumulative total and counter of `device`.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_reset_totals(device: c_int, message: *mut *mut c_char) -> c_int {
+    reply(message, || {
+        registry()?
+            .device(i64::from(device))?
+            .reset_accumulated_stats();
+        Ok(())
+    })
+}
+
+/// Writes the size of `device`'s largest free cached block to `*largest`
+/// (PyTorch's `cacheInfo`).
+///
+/// # Safety
+/// `largest` must point to a writable `size_t`; `message` must be NULL or
+/// point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_largest_free_block(
+    device: c_int,
+    largest: *mut usize,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        let snapshot = registry()?.device(i64::from(device))?.snapshot();
+        let size = snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0);
+        put(largest, size as usize);
+        Ok(())
+    })
+}
+
+/// Writes the segment that holds `ptr`: its base address to `*base` and its
+/// size to `*size` (PyTorch's `getBaseAllocation`).
+///
+/// # Safety
+/// `base` and `size` must point to writable values; `message` must be NULL or
+/// point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_segment_of(
+    ptr: *mut c_void,
+    base: *mut *mut c_void,
+    size: *mut usize,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        let addr = ptr.addr() as u64;
+        let found = registry()?.devices().find_map(|(_, allocator)| {
+            allocator
+                .snapshot()
+                .segments
+                .into_iter()
+                .find(|s| addr >= s.address && addr < s.address + s.total_size)
+        });
+        let segment = found.ok_or(PluginError::UnknownPointer(addr))?;
+        put(base, ptr::without_provenance_mut(segment.address as usize));
+        put(size, segment.total_size as usize);
+        Ok(())
+    })
+}
+
+/// Starts (`enabled` non-zero) or stops history recording on every device.
+/// `max_entries` bounds each device's events (0: unbounded); `skip_mask` has
+/// bit `i` set for each action of [`Action::ALL`] not to record; `clear`
+/// non-zero forgets the events recorded so far (they are also forgotten when
+/// recording starts).
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_set_history(
+    enabled: c_int,
+    max_entries: usize,
+    skip_mask: u32,
+    clear: c_int,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        let registry = registry()?;
+        let skip = Action::ALL
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| skip_mask & (1 << i) != 0)
+            .map(|(_, a)| *a)
+            .collect();
+        let config = (enabled != 0).then_some(HistoryConfig {
+            capacity: if max_entries == 0 {
+                usize::MAX
+            } else {
+                max_entries
+            },
+            backtraces: false,
+            skip,
+        });
+        registry.set_history(config, clear != 0);
+        Ok(())
+    })
+}
+
+/// One segment of a [`Snapshot`]; its blocks are `blocks[first_block ..
+/// first_block + block_count]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentRow {
+    /// Device ordinal.
+    pub device: i64,
+    /// Base address.
+    pub address: u64,
+    /// Size in bytes.
+    pub total_size: u64,
+    /// Bytes asked for by the callers of its active blocks.
+    pub requested_size: u64,
+    /// Bytes in allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes in active blocks.
+    pub active_size: u64,
+    /// The stream it serves (a `cudaStream_t`).
+    pub stream: u64,
+    /// 1 for the large pool.
+    pub is_large: u8,
+    /// 1 for a mapped (expandable) range.
+    pub is_expandable: u8,
+    /// Index of its first block.
+    pub first_block: usize,
+    /// How many blocks it has.
+    pub block_count: usize,
+}
+
+/// One block of a [`Snapshot`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockRow {
+    /// Start address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Bytes the caller asked for.
+    pub requested_size: u64,
+    /// 1 when handed to a caller.
+    pub allocated: u8,
+    /// 1 when allocated or pending free.
+    pub active: u8,
+}
+
+/// One recorded event of a [`Snapshot`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TraceRow {
+    /// Device ordinal.
+    pub device: i64,
+    /// The action's index in [`Action::ALL`] (PyTorch's `TraceEntry::Action` order).
+    pub action: u32,
+    /// Address (for `oom`: the device's free bytes).
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The stream (a `cudaStream_t`).
+    pub stream: u64,
+    /// Microseconds since the Unix epoch.
+    pub time_unix_us: u64,
+}
+
+/// Every device's segments, blocks and recorded events, owned by the library
+/// until [`cachalot_snapshot_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The segments, by device then address.
+    pub segments: *const SegmentRow,
+    /// How many segments.
+    pub segment_count: usize,
+    /// The blocks of every segment.
+    pub blocks: *const BlockRow,
+    /// How many blocks.
+    pub block_count: usize,
+    /// The recorded events, by device, oldest first.
+    pub trace: *const TraceRow,
+    /// How many events.
+    pub trace_count: usize,
+}
+
+/// Takes a snapshot of every open device (recording a `snapshot` event where
+/// history is on). Free it with [`cachalot_snapshot_free`]; NULL on failure.
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_snapshot_take(message: *mut *mut c_char) -> *mut Snapshot {
+    let mut made = ptr::null_mut();
+    reply(message, || {
+        let (segments, blocks, trace) = crate::report::snapshot_rows(registry()?);
+        let segments = Box::leak(segments.into_boxed_slice());
+        let blocks = Box::leak(blocks.into_boxed_slice());
+        let trace = Box::leak(trace.into_boxed_slice());
+        made = Box::into_raw(Box::new(Snapshot {
+            segments: segments.as_ptr(),
+            segment_count: segments.len(),
+            blocks: blocks.as_ptr(),
+            block_count: blocks.len(),
+            trace: trace.as_ptr(),
+            trace_count: trace.len(),
+        }));
+        Ok(())
+    });
+    made
+}
+
+/// Frees a snapshot. NULL is a no-op.
+///
+/// # Safety
+/// `snapshot` must be NULL or a pointer from [`cachalot_snapshot_take`] not
+/// freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_snapshot_free(snapshot: *mut Snapshot) {
+    if snapshot.is_null() {
+        return;
+    }
+    // SAFETY: by the contract, `snapshot` came from `Box::into_raw` in
+    // `cachalot_snapshot_take`, and each of its arrays from a leaked boxed slice
+    // of exactly its count; each is freed once, here.
+    unsafe {
+        let s = Box::from_raw(snapshot);
+        drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+            s.segments.cast_mut(),
+            s.segment_count,
+        )));
+        drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+            s.blocks.cast_mut(),
+            s.block_count,
+        )));
+        drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+            s.trace.cast_mut(),
+            s.trace_count,
+        )));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_numbers_follow_device_stats_order() {
+        let mut stats = MemoryStats::new(Some(64 << 20));
+        stats.allocation.large_pool.current = 3;
+        stats.requested_bytes.small_pool.freed = 9;
+        stats.oversize_segments.peak = 4;
+        stats.num_ooms = 2;
+        let n = stats_numbers(&stats);
+        assert_eq!(n[2 * 4], 3, "allocation.large_pool.current");
+        assert_eq!(n[8 * 12 + 4 + 3], 9, "requested_bytes.small_pool.freed");
+        assert_eq!(n[108 + 4 + 1], 4, "oversize_segments.peak");
+        assert_eq!(n[116 + 1], 2, "num_ooms");
+        assert_eq!(n[STATS_LEN - 1], 64 << 20, "max_split_size");
+    }
+
+    #[test]
+    fn failures_carry_their_message_and_kind() {
+        let mut message = ptr::null_mut();
+        let status = reply(&mut message, || Err(PluginError::InvalidDevice(-3)));
+        assert_eq!(status, ERROR);
+        // SAFETY: `reply` set `message` to a string of this library.
+        let text = unsafe { std::ffi::CStr::from_ptr(message) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: freed once.
+        unsafe { crate::ffi::cachalot_string_free(message) };
+        assert_eq!(text, "invalid device -3");
+        let oom = PluginError::OutOfMemory {
+            device: 0,
+            description: "CUDA out of memory.".into(),
+        };
+        assert_eq!(reply(ptr::null_mut(), || Err(oom)), OOM);
+        assert_eq!(reply(ptr::null_mut(), || Ok(())), OK);
+    }
+}

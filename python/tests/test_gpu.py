@@ -1,0 +1,210 @@
+"""PyTorch programs on cachalot, as on PyTorch's own allocator: one test per row
+of the drop-in table (docs/torch-plugin.md). Skips without a GPU."""
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import cachalot_torch
+
+MIB = 1 << 20
+
+
+def test_cachalot_serves_cuda(torch_gpu):
+    assert cachalot_torch.installed()
+    x = torch_gpu.ones(MIB, device="cuda")
+    assert torch_gpu.cuda.memory_allocated() >= 4 * MIB
+    assert x.sum().item() == MIB
+
+
+def test_memory_functions_answer(torch_gpu):
+    torch = torch_gpu
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    x = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+    assert torch.cuda.memory_allocated() == before + 3 * MIB
+    assert torch.cuda.max_memory_allocated() >= before + 3 * MIB
+    assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+    stats = torch.cuda.memory_stats()
+    for key in ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "requested_bytes.all.allocated",
+                "num_alloc_retries", "num_ooms", "num_device_alloc", "max_split_size", "oversize_allocations.current"):
+        assert key in stats, key
+    assert stats["allocation.all.current"] >= 1
+    assert "Allocated memory" in torch.cuda.memory_summary()
+    del x
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+    torch.cuda.reset_accumulated_memory_stats()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == 0
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free <= total
+    cachalot_torch.validate()
+
+
+def test_empty_cache_returns_memory(torch_gpu):
+    torch = torch_gpu
+    x = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda")
+    del x
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= reserved - 256 * MIB
+
+
+def test_out_of_memory_is_catchable_and_training_goes_on(torch_gpu):
+    torch = torch_gpu
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="CUDA out of memory") as caught:
+        torch.empty(200 * 2**30, dtype=torch.uint8, device="cuda")
+    assert "Tried to allocate" in str(caught.value)
+    assert seen, "the out-of-memory observer was not called"
+    assert torch.cuda.memory_stats()["num_ooms"] >= 1
+    model = torch.nn.Linear(256, 256).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(64, 256, device="cuda")).square().mean()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss).item()
+    cachalot_torch.validate()
+
+
+def test_memory_fraction_limits(torch_gpu):
+    torch = torch_gpu
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(0.01)
+    try:
+        assert torch.cuda.get_per_process_memory_fraction() == 0.01 if hasattr(
+            torch.cuda, "get_per_process_memory_fraction") else True
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+
+
+def test_history_and_snapshots(torch_gpu, tmp_path):
+    torch = torch_gpu
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    try:
+        kept = [torch.empty(k * MIB, dtype=torch.uint8, device="cuda") for k in (1, 2, 3)]
+        del kept[0]
+        snap = torch.cuda.memory._snapshot()
+        path = tmp_path / "snap.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert snap["segments"], "no segments"
+    actions = [e["action"] for e in snap["device_traces"][torch.cuda.current_device()]]
+    assert "alloc" in actions and "free_requested" in actions, actions[:20]
+    allocs = [e for e in snap["device_traces"][torch.cuda.current_device()] if e["action"] == "alloc"]
+    assert any(f["filename"].endswith("test_gpu.py") for e in allocs for f in e["frames"]), "no Python frames"
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert blocks and all("frames" in b for b in blocks)
+    with open(path, "rb") as f:
+        loaded = pickle.load(f)
+    from torch.cuda import _memory_viz
+
+    assert "<html" in _memory_viz.trace_plot(loaded)
+    assert _memory_viz.segment_plot(loaded)
+    assert torch.cuda.memory._snapshot()["segments"]
+
+
+def test_record_stream_on_a_side_stream(torch_gpu):
+    torch = torch_gpu
+    side = torch.cuda.Stream()
+    x = torch.ones(8 * MIB, device="cuda")
+    with torch.cuda.stream(side):
+        y = x * 2
+    y.record_stream(side)
+    del y
+    side.synchronize()
+    assert x.sum().item() == 8 * MIB
+    cachalot_torch.validate()
+
+
+def test_cuda_graph_capture(torch_gpu):
+    torch = torch_gpu
+    static = torch.randn(1024, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = static * 2 + 1
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = static * 2 + 1
+    static.copy_(torch.arange(1024, device="cuda", dtype=torch.float32))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.arange(1024, device="cuda", dtype=torch.float32) * 2 + 1)
+
+
+def test_torch_compile_default(torch_gpu):
+    torch = torch_gpu
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+    x = torch.randn(16, 64, device="cuda")
+    expected = model(x)
+    compiled = torch.compile(model)
+    torch.testing.assert_close(compiled(x), expected)
+
+
+def test_private_pools_say_what_is_missing(torch_gpu):
+    torch = torch_gpu
+    with pytest.raises(RuntimeError, match="cachalot does not support"):
+        torch.cuda.MemPool()
+
+
+def test_ipc_says_what_is_missing(torch_gpu):
+    torch = torch_gpu
+    x = torch.ones(16, device="cuda")
+    with pytest.raises(RuntimeError, match="cachalot does not support"):
+        x.untyped_storage()._share_cuda_()
+
+
+STATS_PROGRAM = r"""
+import json, random, sys
+import torch
+if sys.argv[1] == "cachalot":
+    import cachalot_torch
+    cachalot_torch.use(conf=sys.argv[3])
+rng = random.Random(int(sys.argv[2]))
+live = []
+out = []
+for step in range(400):
+    r = rng.random()
+    if r < 0.55 or not live:
+        size = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 2 << 20), rng.randrange(1, 64 << 20)])
+        live.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+    elif r < 0.97:
+        live.pop(rng.randrange(len(live)))
+    else:
+        torch.cuda.empty_cache()
+    s = torch.cuda.memory_stats()
+    out.append({k: v for k, v in s.items() if k not in ("num_device_alloc", "num_device_free")})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("conf", ["", "max_split_size_mb:64", "roundup_power2_divisions:4"])
+def test_pytorch_policy_stats_equal_native(torch_gpu, conf):
+    if cachalot_torch.config()["policy"] != "pytorch":
+        pytest.skip("the pytorch policy's statistics are the ones that match native")
+    for seed in range(3):
+        runs = {}
+        for who in ("native", "cachalot"):
+            env = dict(os.environ)
+            env.pop("CACHALOT_ALLOC_CONF", None)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            if who == "native" and conf:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+            cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
+            done = subprocess.run([sys.executable, "-c", STATS_PROGRAM, who, str(seed), cl_conf if who == "cachalot" else conf],
+                                  capture_output=True, text=True, env=env, timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            runs[who] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+        for step, (n, c) in enumerate(zip(runs["native"], runs["cachalot"])):
+            diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
+            assert not diff, f"seed {seed} step {step}: {diff}"
