@@ -3,7 +3,7 @@
 //! a policy, with a [`History`] recording every event, so the reports show
 //! what that policy and configuration would do.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use cachalot::allocator;
@@ -21,21 +21,11 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub(crate) enum InputError {
     /// A trace or PyTorch snapshot that does not read.
-    #[error("{path}: {source}")]
-    Trace {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: TraceError,
-    },
+    #[error(transparent)]
+    Trace(#[from] TraceError),
     /// A cachalot JSON snapshot that does not read.
-    #[error("{path}: {source}")]
-    Snapshot {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: SnapshotIoError,
-    },
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotIoError),
     /// A configuration string that does not parse.
     #[error(transparent)]
     Config(#[from] cachalot::config::ConfigError),
@@ -145,10 +135,7 @@ pub(crate) fn print_first_oom(report: &ReplayReport) {
 /// or snapshot pickle (plain or gzip) with the stats file beside it, if any.
 fn read(path: &Path) -> Result<Recorded, InputError> {
     if is_json(path) {
-        let dump = snapshot_io::json::read_file(path).map_err(|source| InputError::Snapshot {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let dump = snapshot_io::json::read_file(path)?;
         let conf = dump.config.source.clone();
         let recording = Recording {
             events: dump.events(),
@@ -161,11 +148,7 @@ fn read(path: &Path) -> Result<Recorded, InputError> {
             capacity: H100_CAPACITY,
         });
     }
-    let workload =
-        Workload::open(path, &ReadLimits::default()).map_err(|source| InputError::Trace {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let workload = Workload::open(path, &ReadLimits::default())?;
     Ok(Recorded {
         conf: workload.recorded_conf().to_string(),
         capacity: workload.recorded_capacity(),
