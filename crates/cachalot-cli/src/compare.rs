@@ -27,8 +27,9 @@ pub(crate) struct Args {
     /// Trace CSVs or snapshot pickles, plain or gzip.
     #[arg(required = true)]
     traces: Vec<PathBuf>,
-    /// Simulated device size in bytes; default: each recording's device.
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: each recording's device.
+    #[arg(long, value_parser = crate::capacity::parse)]
     capacity: Option<u64>,
     /// Print a JSON array of rows instead of a table.
     #[arg(long)]
@@ -60,7 +61,13 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let loaded = match load(path) {
+        let loaded = load(path).and_then(|loaded| {
+            let capacity = args
+                .capacity
+                .map_or_else(|| loaded.recorded_capacity(), Ok)?;
+            Ok((loaded, capacity))
+        });
+        let (loaded, capacity) = match loaded {
             Ok(l) => l,
             Err(e) => {
                 report_error(&CliError::input(path)(e));
@@ -68,9 +75,6 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
                 continue;
             }
         };
-        let capacity = args
-            .capacity
-            .unwrap_or_else(|| loaded.workload.recorded_capacity());
         for (label, conf) in CONFIGS {
             let result = AllocatorConfig::parse(conf)
                 .map_err(Into::into)

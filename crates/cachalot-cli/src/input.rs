@@ -17,6 +17,8 @@ use cachalot::trace::{ReadLimits, Recording, TraceError};
 use cachalot::{AllocatorConfig, MemoryStats};
 use thiserror::Error;
 
+use crate::capacity::{self, CapacityError};
+
 /// A run could not be loaded or replayed.
 #[derive(Debug, Error)]
 pub(crate) enum InputError {
@@ -35,6 +37,9 @@ pub(crate) enum InputError {
     /// The replay stopped.
     #[error("replay failed: {0}")]
     Replay(#[from] ReplayError),
+    /// The recorded device is one a replay cannot simulate.
+    #[error("the recorded device: {0}; choose one with --capacity")]
+    RecordedCapacity(CapacityError),
 }
 
 /// How to replay a run.
@@ -44,9 +49,9 @@ pub(crate) struct ReplayArgs {
     /// one recorded (in the stats file beside a trace, or in the snapshot).
     #[arg(long)]
     conf: Option<String>,
-    /// Simulated device size in bytes; default: the recorded device's (an H100
-    /// 80GB when unknown).
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: the recorded device's (an H100 80GB when unknown).
+    #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
     /// Events the history keeps (the most recent ones).
     #[arg(long, default_value_t = 1 << 22)]
@@ -92,7 +97,11 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
     let device = RecordedDevice::new(recorded.capacity, AllocatorConfig::parse(&recorded.conf)?);
     let plan = replay::plan(&recorded.recording.events, &device).map_err(ReplayError::from)?;
     let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(&recorded.conf))?;
-    let sim = Arc::new(SimBackend::new(args.capacity.unwrap_or(recorded.capacity)));
+    let capacity = match args.capacity {
+        Some(bytes) => bytes,
+        None => capacity::check(recorded.capacity).map_err(InputError::RecordedCapacity)?,
+    };
+    let sim = Arc::new(SimBackend::new(capacity));
     // Hand out the recorded segment addresses, so the replay places blocks as
     // the recording did and the page shows the recorded addresses.
     let backend = Arc::new(RecordedAddresses::new(

@@ -1,5 +1,6 @@
 //! The `cachalot` command.
 
+mod capacity;
 mod compare;
 mod input;
 mod output;

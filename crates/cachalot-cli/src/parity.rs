@@ -15,8 +15,9 @@ pub(crate) struct Args {
     /// Golden scenario files (`scenarios.<conf>.json.gz`).
     #[arg(required = true)]
     goldens: Vec<PathBuf>,
-    /// Simulated device size in bytes (the goldens were recorded on an H100).
-    #[arg(long, default_value_t = H100_BYTES)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); the goldens were recorded on an H100.
+    #[arg(long, default_value_t = H100_BYTES, value_parser = crate::capacity::parse)]
     capacity: u64,
     /// Mismatches shown per failing scenario.
     #[arg(long, default_value_t = 10)]

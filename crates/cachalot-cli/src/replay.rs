@@ -12,7 +12,7 @@ use cachalot::{AllocatorConfig, PolicyKind};
 
 use crate::input::InputError;
 use crate::output::{Output, OutputError};
-use crate::{progress, CliError};
+use crate::{capacity, progress, CliError};
 
 /// Arguments of `cachalot replay`.
 #[derive(Debug, clap::Args)]
@@ -26,9 +26,9 @@ pub(crate) struct Args {
     /// recorded one.
     #[arg(long)]
     conf: Option<String>,
-    /// Simulated device size in bytes; default: the recorded device's (an H100 80GB
-    /// when unknown).
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: the recorded device's (an H100 80GB when unknown).
+    #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -39,6 +39,14 @@ pub(crate) struct Args {
 pub(crate) struct Loaded {
     pub(crate) workload: Workload,
     pub(crate) plan: Plan,
+}
+
+impl Loaded {
+    /// The recorded device's capacity, when a replay can simulate it.
+    pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
+        let bytes = self.workload.recorded_capacity();
+        capacity::check(bytes).map_err(InputError::RecordedCapacity)
+    }
 }
 
 /// Reads and plans the recording at `path`.
@@ -88,7 +96,7 @@ fn report(args: &Args) -> Result<ReplayReport, InputError> {
     }
     let capacity = args
         .capacity
-        .unwrap_or_else(|| loaded.workload.recorded_capacity());
+        .map_or_else(|| loaded.recorded_capacity(), Ok)?;
     replay_one(&loaded, config, capacity, "replay")
 }
 
