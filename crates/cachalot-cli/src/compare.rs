@@ -10,8 +10,9 @@ use cachalot::replay::ReplayReport;
 use cachalot::AllocatorConfig;
 use serde::Serialize;
 
+use crate::input::load;
 use crate::output::{Output, OutputError};
-use crate::replay::{load, replay_one};
+use crate::replay::replay_one;
 use crate::{report_error, CliError};
 
 /// The configurations compared: a label and a configuration string.

@@ -1,7 +1,9 @@
-//! Loading a run for the report subcommands: a trace CSV, a PyTorch snapshot
-//! pickle or a cachalot JSON snapshot is replayed on a simulated device through
-//! a policy, with a [`History`] recording every event, so the reports show
-//! what that policy and configuration would do.
+//! Loading the recordings every subcommand but `parity` replays: a trace CSV,
+//! a PyTorch snapshot pickle or a cachalot JSON snapshot (the one `cachalot
+//! summary --json` writes), told apart by content, read and planned
+//! ([`load`]); for the report subcommands, replayed on a simulated device
+//! through a policy with a [`History`] recording every event ([`replay`]), so
+//! the reports show what that policy and configuration would do.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +12,8 @@ use cachalot::allocator;
 use cachalot::backend::sim::SimBackend;
 use cachalot::history::{History, HistoryConfig};
 use cachalot::replay::{
-    self, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload, H100_CAPACITY,
+    self, Plan, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
+    H100_CAPACITY,
 };
 use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
 use cachalot::trace::{ReadLimits, Recording, TraceError};
@@ -25,9 +28,15 @@ pub(crate) enum InputError {
     /// A trace or PyTorch snapshot that does not read.
     #[error(transparent)]
     Trace(#[from] TraceError),
-    /// A cachalot JSON snapshot that does not read.
+    /// A cachalot JSON snapshot of a version this build does not read.
     #[error(transparent)]
-    Snapshot(#[from] SnapshotIoError),
+    Snapshot(SnapshotIoError),
+    /// A JSON file that is not a cachalot JSON snapshot (a stats file, say).
+    #[error(
+        "a JSON file that is not a cachalot JSON snapshot ({0}); the inputs are trace CSVs, \
+         snapshot pickles (plain or gzip) and the JSON snapshots `cachalot summary --json` writes"
+    )]
+    NotASnapshot(SnapshotIoError),
     /// A configuration string that does not parse.
     #[error(transparent)]
     Config(#[from] cachalot::config::ConfigError),
@@ -83,24 +92,66 @@ impl Run {
     }
 }
 
-/// What a file recorded: its events and the device and configuration they
-/// were recorded with.
-struct Recorded {
-    recording: Recording,
-    conf: String,
-    capacity: u64,
+/// A recording read and planned, with what is known of the device and
+/// configuration it was recorded with.
+pub(crate) struct Loaded {
+    /// The replay's allocator calls.
+    pub(crate) plan: Plan,
+    /// The recorded device and configuration.
+    pub(crate) device: RecordedDevice,
 }
 
-/// Reads `path` and replays it.
-pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
-    let recorded = read(path)?;
-    let device = RecordedDevice::new(recorded.capacity, AllocatorConfig::parse(&recorded.conf)?);
-    let plan = replay::plan(&recorded.recording.events, &device).map_err(ReplayError::from)?;
-    let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(&recorded.conf))?;
-    let capacity = match args.capacity {
-        Some(bytes) => bytes,
-        None => capacity::check(recorded.capacity).map_err(InputError::RecordedCapacity)?,
+impl Loaded {
+    /// The configuration string recorded (empty for the default).
+    pub(crate) fn conf(&self) -> &str {
+        &self.device.config.source
+    }
+
+    /// The recorded device's capacity, when a replay can simulate it.
+    pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
+        capacity::check(self.device.capacity).map_err(InputError::RecordedCapacity)
+    }
+}
+
+/// Reads the recording at `path` and plans its replay. It may be a trace CSV
+/// or snapshot pickle (plain or gzip, with the stats file beside it, if any)
+/// or a cachalot JSON snapshot, told apart by their content.
+pub(crate) fn load(path: &Path) -> Result<Loaded, InputError> {
+    let (recording, device) = match Workload::open(path, &ReadLimits::default()) {
+        Ok(workload) => {
+            let device = workload.recorded_device()?;
+            (workload.recording, device)
+        }
+        Err(TraceError::Json) => read_json(path)?,
+        Err(e) => return Err(e.into()),
     };
+    let plan = replay::plan(&recording.events, &device).map_err(ReplayError::from)?;
+    Ok(Loaded { plan, device })
+}
+
+/// The events of a cachalot JSON snapshot, recorded on an H100 (the file does
+/// not say which device).
+fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
+    let dump = snapshot_io::json::read_file(path).map_err(|e| match e {
+        SnapshotIoError::UnsupportedVersion { .. } => InputError::Snapshot(e),
+        other => InputError::NotASnapshot(other),
+    })?;
+    let recording = Recording {
+        events: dump.events(),
+        segments: dump.snapshot.segments,
+        conf: Some(dump.config.source.clone()),
+    };
+    Ok((recording, RecordedDevice::new(H100_CAPACITY, dump.config)))
+}
+
+/// Reads `path` and replays it as `args` say, recording its history.
+pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
+    let loaded = load(path)?;
+    let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(loaded.conf()))?;
+    let capacity = args
+        .capacity
+        .map_or_else(|| loaded.recorded_capacity(), Ok)?;
+    let plan = &loaded.plan;
     let sim = Arc::new(SimBackend::new(capacity));
     // Hand out the recorded segment addresses, so the replay places blocks as
     // the recording did and the page shows the recorded addresses.
@@ -114,7 +165,7 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
         ..HistoryConfig::default()
     }));
     let report = replay::run_observed(
-        &plan,
+        plan,
         allocator.as_ref(),
         &sim,
         &mut |_| {},
@@ -138,37 +189,4 @@ pub(crate) fn print_first_oom(report: &ReplayReport) {
             cachalot::report::oom::describe(oom)
         );
     }
-}
-
-/// The recording in `path`: a cachalot JSON snapshot's events, or a trace CSV
-/// or snapshot pickle (plain or gzip) with the stats file beside it, if any.
-fn read(path: &Path) -> Result<Recorded, InputError> {
-    if is_json(path) {
-        let dump = snapshot_io::json::read_file(path)?;
-        let conf = dump.config.source.clone();
-        let recording = Recording {
-            events: dump.events(),
-            segments: dump.snapshot.segments,
-            conf: Some(conf.clone()),
-        };
-        return Ok(Recorded {
-            recording,
-            conf,
-            capacity: H100_CAPACITY,
-        });
-    }
-    let workload = Workload::open(path, &ReadLimits::default())?;
-    Ok(Recorded {
-        conf: workload.recorded_conf().to_string(),
-        capacity: workload.recorded_capacity(),
-        recording: workload.recording,
-    })
-}
-
-fn is_json(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_lowercase())
-        .unwrap_or_default();
-    name.ends_with(".json") || name.ends_with(".json.gz")
 }

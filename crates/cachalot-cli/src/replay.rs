@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cachalot::error::format_size;
-use cachalot::replay::{self, Plan, ReplayError, ReplayReport, Workload};
-use cachalot::trace::ReadLimits;
+use cachalot::replay::{self, ReplayReport};
 use cachalot::{AllocatorConfig, PolicyKind};
 
-use crate::input::InputError;
+use crate::input::{load, InputError, Loaded};
 use crate::output::{Output, OutputError};
 use crate::{capacity, progress, CliError};
 
@@ -33,28 +32,6 @@ pub(crate) struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-/// A workload read and planned, ready to replay under several configurations.
-pub(crate) struct Loaded {
-    pub(crate) workload: Workload,
-    pub(crate) plan: Plan,
-}
-
-impl Loaded {
-    /// The recorded device's capacity, when a replay can simulate it.
-    pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
-        let bytes = self.workload.recorded_capacity();
-        capacity::check(bytes).map_err(InputError::RecordedCapacity)
-    }
-}
-
-/// Reads and plans the recording at `path`.
-pub(crate) fn load(path: &Path) -> Result<Loaded, InputError> {
-    let workload = Workload::open(path, &ReadLimits::default())?;
-    let device = workload.recorded_device()?;
-    let plan = replay::plan(&workload.recording.events, &device).map_err(ReplayError::from)?;
-    Ok(Loaded { workload, plan })
 }
 
 /// Replays `loaded` under `config` on `capacity` bytes, with a progress bar.
@@ -86,11 +63,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 
 fn report(args: &Args) -> Result<ReplayReport, InputError> {
     let loaded = load(&args.trace)?;
-    let conf = args
-        .conf
-        .clone()
-        .unwrap_or_else(|| loaded.workload.recorded_conf().to_string());
-    let mut config = AllocatorConfig::parse(&conf)?;
+    let mut config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(loaded.conf()))?;
     if let Some(policy) = args.policy {
         config.policy = policy;
     }

@@ -33,7 +33,7 @@ pub(crate) struct Args {
 
 /// Runs the subcommand.
 pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
-    let run = input::load(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
+    let run = input::replay(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
     out.line(run.describe())?;
     out.text(&memory_summary_with(
         &run.stats,

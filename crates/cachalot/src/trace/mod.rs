@@ -74,6 +74,10 @@ pub enum TraceError {
         /// What is wrong.
         reason: String,
     },
+    /// A JSON document (a cachalot JSON snapshot, or a stats file), which is
+    /// none of the formats read here.
+    #[error("a JSON document, not a trace CSV or snapshot pickle")]
+    Json,
     /// A well-formed file whose content does not have the expected shape.
     #[error("{path}: {reason}")]
     Schema {
@@ -125,6 +129,8 @@ pub enum TraceFormat {
     Csv,
     /// A snapshot pickle.
     Pickle,
+    /// A JSON document (not read here: see [`TraceError::Json`]).
+    Json,
 }
 
 /// A reader over the decompressed bytes of a file, that fails with
@@ -210,14 +216,19 @@ pub fn decompressed<'a, R: BufRead + 'a>(
     )))
 }
 
-/// Detects the format of decompressed input from its first byte, without consuming it.
+/// Detects the format of decompressed input from its first bytes, without
+/// consuming them: the pickle `PROTO` opcode, a JSON object or array (after
+/// whitespace), else CSV.
 ///
 /// # Errors
 /// [`TraceError::Io`] when the input cannot be read.
 pub fn detect(input: &mut dyn BufRead) -> Result<TraceFormat, TraceError> {
     let head = input.fill_buf().map_err(|e| io_error("input", e))?;
+    let first_text = head.iter().find(|b| !b.is_ascii_whitespace());
     Ok(if head.first() == Some(&PICKLE_PROTO) {
         TraceFormat::Pickle
+    } else if matches!(first_text, Some(b'{' | b'[')) {
+        TraceFormat::Json
     } else {
         TraceFormat::Csv
     })
@@ -254,6 +265,7 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
             let snapshot = pickle::read_snapshot(input, limits)?;
             Ok(snapshot.into_recording())
         }
+        TraceFormat::Json => Err(TraceError::Json),
     }
 }
 
@@ -314,6 +326,16 @@ mod tests {
                 .len(),
             1000
         );
+    }
+
+    #[test]
+    fn json_is_told_apart_from_csv() {
+        for text in ["{\"format\": 1}", "\n  [1, 2]"] {
+            for bytes in [text.as_bytes().to_vec(), gzip(text.as_bytes())] {
+                let err = read_recording(&bytes[..], &ReadLimits::default()).unwrap_err();
+                assert!(matches!(err, TraceError::Json), "{err}");
+            }
+        }
     }
 
     #[test]
