@@ -12,11 +12,11 @@ use cachalot::allocator;
 use cachalot::backend::sim::SimBackend;
 use cachalot::history::{History, HistoryConfig};
 use cachalot::replay::{
-    self, Plan, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
+    self, Plan, PlanError, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
     H100_CAPACITY,
 };
 use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
-use cachalot::trace::{ReadLimits, Recording, TraceError};
+use cachalot::trace::{Origin, ReadLimits, Recording, TraceError};
 use cachalot::{AllocatorConfig, MemoryStats};
 use thiserror::Error;
 
@@ -125,7 +125,12 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, InputError> {
         Err(TraceError::Json) => read_json(path)?,
         Err(e) => return Err(e.into()),
     };
-    let plan = replay::plan(&recording.events, &device).map_err(ReplayError::from)?;
+    let plan = replay::plan(&recording.events, &device).map_err(|e| match e {
+        PlanError::Inconsistent { event, problem } => {
+            InputError::Trace(recording.event_error(event, problem))
+        }
+        other => InputError::Replay(other.into()),
+    })?;
     Ok(Loaded { plan, device })
 }
 
@@ -140,6 +145,7 @@ fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
         events: dump.events(),
         segments: dump.snapshot.segments,
         conf: Some(dump.config.source.clone()),
+        origin: Origin::Unknown,
     };
     Ok((recording, RecordedDevice::new(H100_CAPACITY, dump.config)))
 }

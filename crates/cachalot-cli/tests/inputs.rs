@@ -84,3 +84,25 @@ fn every_subcommand_uses_one_error_prefix() {
         fails(&command);
     }
 }
+
+#[test]
+fn an_unknown_free_names_its_csv_line_and_address_as_written() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("bad.trace.csv");
+    std::fs::write(
+        &trace,
+        "time_us,action,addr,size,stream\n\
+         1,alloc,139637976727552,512,0\n\
+         \n\
+         2,free_completed,139637976728064,512,0\n",
+    )
+    .expect("writes");
+    let err = fails(&["replay", trace.to_str().expect("utf-8 path")]);
+    assert!(
+        err.contains(
+            "trace CSV line 4: free_completed of address 139637976728064, which was never \
+             allocated (or already freed)"
+        ),
+        "{err}"
+    );
+}

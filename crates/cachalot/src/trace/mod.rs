@@ -21,6 +21,7 @@ pub mod guard;
 pub mod pickle;
 pub mod stats;
 
+use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
@@ -244,6 +245,52 @@ pub struct Recording {
     pub segments: Vec<SegmentInfo>,
     /// The allocator configuration string in force, when the file records it.
     pub conf: Option<String>,
+    /// Where the events are in the file they were read from.
+    pub origin: Origin,
+}
+
+/// Where a recording's events are in the file they were read from, to name an
+/// event in an error as the file does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// Not read from a file (or from one with no other way to name an event
+    /// than its index).
+    #[default]
+    Unknown,
+    /// A trace CSV: event `i` is on line `i + 2` (the header is line 1), plus
+    /// one for each blank line before it.
+    Csv {
+        /// The blank lines skipped, 1-based, in increasing order.
+        blank_lines: Vec<u64>,
+    },
+    /// A snapshot pickle: event `i` is `device_traces[device][i]`.
+    Snapshot {
+        /// The device whose events were read.
+        device: usize,
+    },
+}
+
+impl Recording {
+    /// An error about event `event` that names its place in the file: the line
+    /// of a trace CSV, the entry of a snapshot.
+    pub fn event_error(&self, event: usize, reason: impl fmt::Display) -> TraceError {
+        let reason = reason.to_string();
+        match &self.origin {
+            Origin::Csv { blank_lines } => {
+                let mut line = event as u64 + 2;
+                for blank in blank_lines {
+                    if *blank <= line {
+                        line += 1;
+                    }
+                }
+                TraceError::Csv { line, reason }
+            }
+            Origin::Snapshot { device } => {
+                TraceError::schema(format!("device_traces[{device}][{event}]"), reason)
+            }
+            Origin::Unknown => TraceError::schema(format!("event {event}"), reason),
+        }
+    }
 }
 
 /// Reads a trace CSV or snapshot pickle (plain or gzip) from `input`.
@@ -254,11 +301,15 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
     let mut input = decompressed(input, limits)?;
     match detect(&mut input)? {
         TraceFormat::Csv => {
-            let events = csv::CsvReader::new(input, limits).collect::<Result<Vec<_>, _>>()?;
+            let mut reader = csv::CsvReader::new(input, limits);
+            let events = reader.by_ref().collect::<Result<Vec<_>, _>>()?;
             Ok(Recording {
                 events,
                 segments: Vec::new(),
                 conf: None,
+                origin: Origin::Csv {
+                    blank_lines: reader.into_blank_lines(),
+                },
             })
         }
         TraceFormat::Pickle => {
@@ -336,6 +387,20 @@ mod tests {
                 assert!(matches!(err, TraceError::Json), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn event_errors_name_the_csv_line_as_written() {
+        let text = "time_us,action,addr,size,stream\n1,alloc,4096,512,0\n\n \n2,free_completed,4096,512,0\n\n3,alloc,4096,512,0\n";
+        let rec = read_recording(text.as_bytes(), &ReadLimits::default()).unwrap();
+        assert_eq!(rec.events.len(), 3);
+        let line = |event| match rec.event_error(event, "bad") {
+            TraceError::Csv { line, .. } => line,
+            other => panic!("expected a CSV error, got {other}"),
+        };
+        assert_eq!([line(0), line(1), line(2)], [2, 5, 7]);
+        let err = Recording::default().event_error(3, "bad").to_string();
+        assert_eq!(err, "event 3: bad");
     }
 
     #[test]
