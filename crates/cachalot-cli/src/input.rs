@@ -189,9 +189,12 @@ pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> 
 /// out-of-memory report with its breakdown and advice.
 pub(crate) fn print_first_oom(report: &ReplayReport) {
     if let Some(oom) = &report.first_oom {
+        let (times, skipped) = match report.ooms {
+            1 => ("1 time".to_string(), "that allocation was"),
+            n => (format!("{n} times"), "those allocations were"),
+        };
         eprintln!(
-            "the replay ran out of memory {} times (those allocations were skipped); the first time:\n{}",
-            report.ooms,
+            "the replay ran out of memory {times} ({skipped} skipped); the first time:\n{}",
             cachalot::report::oom::describe(oom)
         );
     }
