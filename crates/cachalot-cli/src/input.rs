@@ -17,7 +17,7 @@ use cachalot::replay::{
 };
 use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
 use cachalot::trace::{Origin, ReadLimits, Recording, TraceError};
-use cachalot::{AllocatorConfig, MemoryStats};
+use cachalot::{AllocatorConfig, MemoryStats, PolicyKind};
 use thiserror::Error;
 
 use crate::capacity::{self, CapacityError};
@@ -46,6 +46,14 @@ pub(crate) enum InputError {
     /// The replay stopped.
     #[error("replay failed: {0}")]
     Replay(#[from] ReplayError),
+    /// The recorded configuration does not fit the policy chosen.
+    #[error("the recorded configuration '{conf}': {source}; give one with --conf")]
+    RecordedConfig {
+        /// The recorded configuration string.
+        conf: String,
+        /// Why it does not fit.
+        source: cachalot::config::ConfigError,
+    },
     /// The recorded device is one a replay cannot simulate.
     #[error("the recorded device: {0}; choose one with --capacity")]
     RecordedCapacity(CapacityError),
@@ -107,6 +115,27 @@ impl Loaded {
         &self.device.config.source
     }
 
+    /// The configuration to replay: `conf` when given, else the recorded one,
+    /// under `policy` when given; its keys must apply to its policy.
+    pub(crate) fn config(
+        &self,
+        conf: Option<&str>,
+        policy: Option<PolicyKind>,
+    ) -> Result<AllocatorConfig, InputError> {
+        let mut config = AllocatorConfig::parse(conf.unwrap_or(self.conf()))?;
+        if let Some(policy) = policy {
+            config.policy = policy;
+        }
+        config.check_keys().map_err(|source| match conf {
+            Some(_) => InputError::Config(source),
+            None => InputError::RecordedConfig {
+                conf: self.conf().to_string(),
+                source,
+            },
+        })?;
+        Ok(config)
+    }
+
     /// The recorded device's capacity, when a replay can simulate it.
     pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
         capacity::check(self.device.capacity).map_err(InputError::RecordedCapacity)
@@ -153,7 +182,7 @@ fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
 /// Reads `path` and replays it as `args` say, recording its history.
 pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
     let loaded = load(path)?;
-    let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(loaded.conf()))?;
+    let config = loaded.config(args.conf.as_deref(), None)?;
     let capacity = args
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;

@@ -63,10 +63,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 
 fn report(args: &Args) -> Result<ReplayReport, InputError> {
     let loaded = load(&args.trace)?;
-    let mut config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(loaded.conf()))?;
-    if let Some(policy) = args.policy {
-        config.policy = policy;
-    }
+    let config = loaded.config(args.conf.as_deref(), args.policy)?;
     let capacity = args
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;

@@ -106,3 +106,45 @@ fn an_unknown_free_names_its_csv_line_and_address_as_written() {
         "{err}"
     );
 }
+
+#[test]
+fn configuration_keys_of_another_policy_are_refused() {
+    let trace = data("traces/seed004.native.trace.csv.gz");
+    let expandable = data("traces/seed002.expandable.trace.csv.gz");
+    let cases = [
+        (
+            vec![
+                "replay",
+                &trace,
+                "--conf",
+                "policy:cachalot,expandable_segments:True",
+            ],
+            "'expandable_segments' applies to the pytorch policy, not the cachalot policy",
+        ),
+        (
+            vec![
+                "replay",
+                &trace,
+                "--policy",
+                "cachalot",
+                "--conf",
+                "max_split_size_mb:64",
+            ],
+            "'max_split_size_mb' applies to the pytorch policy, not the cachalot policy",
+        ),
+        (
+            vec!["replay", &expandable, "--policy", "cachalot"],
+            "the recorded configuration 'expandable_segments:True': allocator config key \
+             'expandable_segments' applies to the pytorch policy, not the cachalot policy; \
+             give one with --conf",
+        ),
+        (
+            vec!["summary", &trace, "--conf", "cachalot_reuse_slack:0.1"],
+            "'cachalot_reuse_slack' applies to the cachalot policy, not the pytorch policy",
+        ),
+    ];
+    for (command, said) in cases {
+        let err = fails(&command);
+        assert!(err.contains(said), "{command:?}: {err}");
+    }
+}
