@@ -10,7 +10,10 @@ use cachalot::replay::ReplayReport;
 use cachalot::AllocatorConfig;
 use serde::Serialize;
 
-use crate::replay::{load, print_json, replay_one};
+use crate::input::load;
+use crate::output::{Output, OutputError};
+use crate::replay::replay_one;
+use crate::{report_error, CliError};
 
 /// The configurations compared: a label and a configuration string.
 const CONFIGS: [(&str, &str); 3] = [
@@ -25,8 +28,9 @@ pub(crate) struct Args {
     /// Trace CSVs or snapshot pickles, plain or gzip.
     #[arg(required = true)]
     traces: Vec<PathBuf>,
-    /// Simulated device size in bytes; default: each recording's device.
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: each recording's device.
+    #[arg(long, value_parser = crate::capacity::parse)]
     capacity: Option<u64>,
     /// Print a JSON array of rows instead of a table.
     #[arg(long)]
@@ -50,7 +54,7 @@ enum Outcome {
 }
 
 /// Runs the subcommand.
-pub(crate) fn run(args: &Args) -> ExitCode {
+pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     let mut rows = Vec::new();
     let mut ok = true;
     for path in &args.traces {
@@ -58,24 +62,29 @@ pub(crate) fn run(args: &Args) -> ExitCode {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let loaded = match load(path) {
+        let loaded = load(path).and_then(|loaded| {
+            let capacity = args
+                .capacity
+                .map_or_else(|| loaded.recorded_capacity(), Ok)?;
+            Ok((loaded, capacity))
+        });
+        let (loaded, capacity) = match loaded {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("error: {}: {e}", path.display());
+                report_error(&CliError::input(path)(e));
                 ok = false;
                 continue;
             }
         };
-        let capacity = args
-            .capacity
-            .unwrap_or_else(|| loaded.workload.recorded_capacity());
         for (label, conf) in CONFIGS {
             let result = AllocatorConfig::parse(conf)
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
                 .and_then(|config| replay_one(&loaded, config, capacity, label));
             let result = match result {
                 Ok(r) => Outcome::Replayed(Box::new(r)),
-                Err(error) => Outcome::Failed { error },
+                Err(e) => Outcome::Failed {
+                    error: e.to_string(),
+                },
             };
             rows.push(Row {
                 trace: name.clone(),
@@ -85,20 +94,18 @@ pub(crate) fn run(args: &Args) -> ExitCode {
         }
     }
     if args.json {
-        if !print_json(&rows) {
-            return ExitCode::FAILURE;
-        }
+        out.json(&rows)?;
     } else {
-        print_table(&rows);
+        print_table(out, &rows)?;
     }
-    if ok {
+    Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
+    })
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(out: &mut Output, rows: &[Row]) -> Result<(), OutputError> {
     let header = [
         "trace",
         "config",
@@ -151,8 +158,9 @@ fn print_table(rows: &[Row]) {
         if let Some((_, error)) = errors.iter().find(|(at, _)| *at == i) {
             text.push(error.clone());
         }
-        println!("{}", text.join("  ").trim_end());
+        out.line(text.join("  ").trim_end())?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,41 +1,42 @@
-//! Loading a run for the report subcommands: a trace CSV, a PyTorch snapshot
-//! pickle or a cachalot JSON snapshot is replayed on a simulated device through
-//! a policy, with a [`History`] recording every event, so the reports show
-//! what that policy and configuration would do.
+//! Loading the recordings every subcommand but `parity` replays: a trace CSV,
+//! a PyTorch snapshot pickle or a cachalot JSON snapshot (the one `cachalot
+//! summary --json` writes), told apart by content, read and planned
+//! ([`load`]); for the report subcommands, replayed on a simulated device
+//! through a policy with a [`History`] recording every event ([`replay`]), so
+//! the reports show what that policy and configuration would do.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use cachalot::allocator;
 use cachalot::backend::sim::SimBackend;
 use cachalot::history::{History, HistoryConfig};
 use cachalot::replay::{
-    self, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload, H100_CAPACITY,
+    self, Plan, PlanError, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
+    H100_CAPACITY,
 };
 use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
-use cachalot::trace::{ReadLimits, Recording, TraceError};
-use cachalot::{AllocatorConfig, MemoryStats};
+use cachalot::trace::{Origin, ReadLimits, Recording, TraceError};
+use cachalot::{AllocatorConfig, MemoryStats, PolicyKind};
 use thiserror::Error;
+
+use crate::capacity::{self, CapacityError};
 
 /// A run could not be loaded or replayed.
 #[derive(Debug, Error)]
 pub(crate) enum InputError {
     /// A trace or PyTorch snapshot that does not read.
-    #[error("{path}: {source}")]
-    Trace {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: TraceError,
-    },
-    /// A cachalot JSON snapshot that does not read.
-    #[error("{path}: {source}")]
-    Snapshot {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: SnapshotIoError,
-    },
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// A cachalot JSON snapshot of a version this build does not read.
+    #[error(transparent)]
+    Snapshot(SnapshotIoError),
+    /// A JSON file that is not a cachalot JSON snapshot (a stats file, say).
+    #[error(
+        "a JSON file that is not a cachalot JSON snapshot ({0}); the inputs are trace CSVs, \
+         snapshot pickles (plain or gzip) and the JSON snapshots `cachalot summary --json` writes"
+    )]
+    NotASnapshot(SnapshotIoError),
     /// A configuration string that does not parse.
     #[error(transparent)]
     Config(#[from] cachalot::config::ConfigError),
@@ -45,6 +46,17 @@ pub(crate) enum InputError {
     /// The replay stopped.
     #[error("replay failed: {0}")]
     Replay(#[from] ReplayError),
+    /// The recorded configuration does not fit the policy chosen.
+    #[error("the recorded configuration '{conf}': {source}; give one with --conf")]
+    RecordedConfig {
+        /// The recorded configuration string.
+        conf: String,
+        /// Why it does not fit.
+        source: cachalot::config::ConfigError,
+    },
+    /// The recorded device is one a replay cannot simulate.
+    #[error("the recorded device: {0}; choose one with --capacity")]
+    RecordedCapacity(CapacityError),
 }
 
 /// How to replay a run.
@@ -54,9 +66,9 @@ pub(crate) struct ReplayArgs {
     /// one recorded (in the stats file beside a trace, or in the snapshot).
     #[arg(long)]
     conf: Option<String>,
-    /// Simulated device size in bytes; default: the recorded device's (an H100
-    /// 80GB when unknown).
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: the recorded device's (an H100 80GB when unknown).
+    #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
     /// Events the history keeps (the most recent ones).
     #[arg(long, default_value_t = 1 << 22)]
@@ -88,21 +100,94 @@ impl Run {
     }
 }
 
-/// What a file recorded: its events and the device and configuration they
-/// were recorded with.
-struct Recorded {
-    recording: Recording,
-    conf: String,
-    capacity: u64,
+/// A recording read and planned, with what is known of the device and
+/// configuration it was recorded with.
+pub(crate) struct Loaded {
+    /// The replay's allocator calls.
+    pub(crate) plan: Plan,
+    /// The recorded device and configuration.
+    pub(crate) device: RecordedDevice,
 }
 
-/// Reads `path` and replays it.
-pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
-    let recorded = read(path)?;
-    let device = RecordedDevice::new(recorded.capacity, AllocatorConfig::parse(&recorded.conf)?);
-    let plan = replay::plan(&recorded.recording.events, &device).map_err(ReplayError::from)?;
-    let config = AllocatorConfig::parse(args.conf.as_deref().unwrap_or(&recorded.conf))?;
-    let sim = Arc::new(SimBackend::new(args.capacity.unwrap_or(recorded.capacity)));
+impl Loaded {
+    /// The configuration string recorded (empty for the default).
+    pub(crate) fn conf(&self) -> &str {
+        &self.device.config.source
+    }
+
+    /// The configuration to replay: `conf` when given, else the recorded one,
+    /// under `policy` when given; its keys must apply to its policy.
+    pub(crate) fn config(
+        &self,
+        conf: Option<&str>,
+        policy: Option<PolicyKind>,
+    ) -> Result<AllocatorConfig, InputError> {
+        let mut config = AllocatorConfig::parse(conf.unwrap_or(self.conf()))?;
+        if let Some(policy) = policy {
+            config.policy = policy;
+        }
+        config.check_keys().map_err(|source| match conf {
+            Some(_) => InputError::Config(source),
+            None => InputError::RecordedConfig {
+                conf: self.conf().to_string(),
+                source,
+            },
+        })?;
+        Ok(config)
+    }
+
+    /// The recorded device's capacity, when a replay can simulate it.
+    pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
+        capacity::check(self.device.capacity).map_err(InputError::RecordedCapacity)
+    }
+}
+
+/// Reads the recording at `path` and plans its replay. It may be a trace CSV
+/// or snapshot pickle (plain or gzip, with the stats file beside it, if any)
+/// or a cachalot JSON snapshot, told apart by their content.
+pub(crate) fn load(path: &Path) -> Result<Loaded, InputError> {
+    let (recording, device) = match Workload::open(path, &ReadLimits::default()) {
+        Ok(workload) => {
+            let device = workload.recorded_device()?;
+            (workload.recording, device)
+        }
+        Err(TraceError::Json) => read_json(path)?,
+        Err(e) => return Err(e.into()),
+    };
+    let plan = replay::plan(&recording.events, &device).map_err(|e| match e {
+        PlanError::Inconsistent { event, problem } => {
+            InputError::Trace(recording.event_error(event, problem))
+        }
+        other => InputError::Replay(other.into()),
+    })?;
+    Ok(Loaded { plan, device })
+}
+
+/// The events of a cachalot JSON snapshot, recorded on an H100 (the file does
+/// not say which device).
+fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
+    let dump = snapshot_io::json::read_file(path).map_err(|e| match e {
+        SnapshotIoError::UnsupportedVersion { .. } => InputError::Snapshot(e),
+        other => InputError::NotASnapshot(other),
+    })?;
+    let recording = Recording {
+        events: dump.events(),
+        segments: dump.snapshot.segments,
+        conf: Some(dump.config.source.clone()),
+        origin: Origin::Unknown,
+    };
+    Ok((recording, RecordedDevice::new(H100_CAPACITY, dump.config)))
+}
+
+/// Reads `path` and replays it as `args` say, recording its history.
+pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
+    let loaded = load(path)?;
+    let config = loaded.config(args.conf.as_deref(), None)?;
+    let capacity = args
+        .capacity
+        .map_or_else(|| loaded.recorded_capacity(), Ok)?;
+    let plan = &loaded.plan;
+    let sim = Arc::new(SimBackend::new(capacity));
     // Hand out the recorded segment addresses, so the replay places blocks as
     // the recording did and the page shows the recorded addresses.
     let backend = Arc::new(RecordedAddresses::new(
@@ -115,7 +200,7 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
         ..HistoryConfig::default()
     }));
     let report = replay::run_observed(
-        &plan,
+        plan,
         allocator.as_ref(),
         &sim,
         &mut |_| {},
@@ -133,50 +218,13 @@ pub(crate) fn load(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
 /// out-of-memory report with its breakdown and advice.
 pub(crate) fn print_first_oom(report: &ReplayReport) {
     if let Some(oom) = &report.first_oom {
+        let (times, skipped) = match report.ooms {
+            1 => ("1 time".to_string(), "that allocation was"),
+            n => (format!("{n} times"), "those allocations were"),
+        };
         eprintln!(
-            "the replay ran out of memory {} times (those allocations were skipped); the first time:\n{}",
-            report.ooms,
+            "the replay ran out of memory {times} ({skipped} skipped); the first time:\n{}",
             cachalot::report::oom::describe(oom)
         );
     }
-}
-
-/// The recording in `path`: a cachalot JSON snapshot's events, or a trace CSV
-/// or snapshot pickle (plain or gzip) with the stats file beside it, if any.
-fn read(path: &Path) -> Result<Recorded, InputError> {
-    if is_json(path) {
-        let dump = snapshot_io::json::read_file(path).map_err(|source| InputError::Snapshot {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let conf = dump.config.source.clone();
-        let recording = Recording {
-            events: dump.events(),
-            segments: dump.snapshot.segments,
-            conf: Some(conf.clone()),
-        };
-        return Ok(Recorded {
-            recording,
-            conf,
-            capacity: H100_CAPACITY,
-        });
-    }
-    let workload =
-        Workload::open(path, &ReadLimits::default()).map_err(|source| InputError::Trace {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    Ok(Recorded {
-        conf: workload.recorded_conf().to_string(),
-        capacity: workload.recorded_capacity(),
-        recording: workload.recording,
-    })
-}
-
-fn is_json(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_lowercase())
-        .unwrap_or_default();
-    name.ends_with(".json") || name.ends_with(".json.gz")
 }

@@ -1,16 +1,25 @@
 //! The `cachalot` command.
 
+mod capacity;
 mod compare;
 mod input;
+mod output;
 mod parity;
 mod progress;
 mod replay;
 mod summary;
 mod view;
 
+use std::fmt::Display;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use cachalot::snapshot_io::SnapshotIoError;
 use clap::Parser;
+use thiserror::Error;
+
+use crate::input::InputError;
+use crate::output::{Output, OutputError};
 
 /// cachalot: a caching GPU memory manager, its parity checks and its memory reports.
 #[derive(Debug, Parser)]
@@ -31,23 +40,69 @@ enum Cli {
     View(view::Args),
 }
 
-fn main() -> ExitCode {
-    match Cli::parse() {
-        Cli::Parity(args) => parity::run(&args),
-        Cli::Replay(args) => replay::run(&args),
-        Cli::Compare(args) => compare::run(&args),
-        Cli::Summary(args) => exit_code(summary::run(&args)),
-        Cli::View(args) => exit_code(view::run(&args)),
+/// Why a subcommand stopped.
+#[derive(Debug, Error)]
+pub(crate) enum CliError {
+    /// Its results could not be written to standard output.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// An input did not load or replay.
+    #[error("{path}: {source}")]
+    Input {
+        /// The input file.
+        path: PathBuf,
+        /// Why.
+        source: InputError,
+    },
+    /// A snapshot file it was asked for could not be written.
+    #[error("{path}: {source}")]
+    WriteSnapshot {
+        /// The output file.
+        path: PathBuf,
+        /// Why.
+        source: SnapshotIoError,
+    },
+    /// A page it was asked for could not be written.
+    #[error("{path}: {source}")]
+    WritePage {
+        /// The output file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl CliError {
+    /// Wraps an input error with the file it came from.
+    pub(crate) fn input(path: &std::path::Path) -> impl FnOnce(InputError) -> CliError + '_ {
+        move |source| CliError::Input {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
-/// Prints an error, if any, and turns the result into the exit status.
-fn exit_code<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+fn main() -> ExitCode {
+    let mut out = Output::stdout();
+    let result = match Cli::parse() {
+        Cli::Parity(args) => parity::run(&args, &mut out),
+        Cli::Replay(args) => replay::run(&args, &mut out),
+        Cli::Compare(args) => compare::run(&args, &mut out),
+        Cli::Summary(args) => summary::run(&args, &mut out),
+        Cli::View(args) => view::run(&args, &mut out),
+    };
+    let flushed = out.flush().map_err(CliError::from);
+    match result.and_then(|code| flushed.map(|()| code)) {
+        Ok(code) => code,
+        Err(CliError::Output(OutputError::Closed)) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cachalot: {e}");
+            report_error(&e);
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints an error on stderr, with the prefix every subcommand uses.
+pub(crate) fn report_error(e: &dyn Display) {
+    eprintln!("error: {e}");
 }

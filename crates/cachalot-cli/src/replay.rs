@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cachalot::error::format_size;
-use cachalot::replay::{self, Plan, ReplayReport, Workload};
-use cachalot::trace::ReadLimits;
+use cachalot::replay::{self, ReplayReport};
 use cachalot::{AllocatorConfig, PolicyKind};
-use serde::Serialize;
 
-use crate::progress;
+use crate::input::{load, InputError, Loaded};
+use crate::output::{Output, OutputError};
+use crate::{capacity, progress, CliError};
 
 /// Arguments of `cachalot replay`.
 #[derive(Debug, clap::Args)]
@@ -25,29 +25,13 @@ pub(crate) struct Args {
     /// recorded one.
     #[arg(long)]
     conf: Option<String>,
-    /// Simulated device size in bytes; default: the recorded device's (an H100 80GB
-    /// when unknown).
-    #[arg(long)]
+    /// Simulated device size, 2 MiB to 256 TiB: bytes or a number with a unit
+    /// (80GiB, 24GB); default: the recorded device's (an H100 80GB when unknown).
+    #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-/// A workload read and planned, ready to replay under several configurations.
-pub(crate) struct Loaded {
-    pub(crate) workload: Workload,
-    pub(crate) plan: Plan,
-}
-
-/// Reads and plans the recording at `path`.
-pub(crate) fn load(path: &Path) -> Result<Loaded, String> {
-    let workload = Workload::open(path, &ReadLimits::default()).map_err(|e| e.to_string())?;
-    let device = workload
-        .recorded_device()
-        .map_err(|e| format!("recorded configuration: {e}"))?;
-    let plan = replay::plan(&workload.recording.events, &device).map_err(|e| e.to_string())?;
-    Ok(Loaded { workload, plan })
 }
 
 /// Replays `loaded` under `config` on `capacity` bytes, with a progress bar.
@@ -56,69 +40,37 @@ pub(crate) fn replay_one(
     config: AllocatorConfig,
     capacity: u64,
     label: &str,
-) -> Result<ReplayReport, String> {
+) -> Result<ReplayReport, InputError> {
     let bar = progress::bar(loaded.plan.ops.len() as u64, label);
     let report = replay::replay(&loaded.plan, config, capacity, &mut |done| {
         bar.set_position(done as u64)
     });
     bar.finish_and_clear();
-    report.map_err(|e| e.to_string())
-}
-
-/// Prints `value` as pretty JSON on stdout; on failure prints the error on stderr
-/// and returns false.
-#[must_use]
-pub(crate) fn print_json(value: &impl Serialize) -> bool {
-    match serde_json::to_string_pretty(value) {
-        Ok(text) => {
-            println!("{text}");
-            true
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            false
-        }
-    }
+    Ok(report?)
 }
 
 /// Runs the subcommand.
-pub(crate) fn run(args: &Args) -> ExitCode {
-    match report(args) {
-        Ok(report) => {
-            if args.json {
-                if !print_json(&report) {
-                    return ExitCode::FAILURE;
-                }
-            } else {
-                print_table(&args.trace, &report);
-            }
-            crate::input::print_first_oom(&report);
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {}: {e}", args.trace.display());
-            ExitCode::FAILURE
-        }
+pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
+    let report = report(args).map_err(CliError::input(&args.trace))?;
+    if args.json {
+        out.json(&report)?;
+    } else {
+        print_table(out, &args.trace, &report)?;
     }
+    crate::input::print_first_oom(&report);
+    Ok(ExitCode::SUCCESS)
 }
 
-fn report(args: &Args) -> Result<ReplayReport, String> {
+fn report(args: &Args) -> Result<ReplayReport, InputError> {
     let loaded = load(&args.trace)?;
-    let conf = args
-        .conf
-        .clone()
-        .unwrap_or_else(|| loaded.workload.recorded_conf().to_string());
-    let mut config = AllocatorConfig::parse(&conf).map_err(|e| e.to_string())?;
-    if let Some(policy) = args.policy {
-        config.policy = policy;
-    }
+    let config = loaded.config(args.conf.as_deref(), args.policy)?;
     let capacity = args
         .capacity
-        .unwrap_or_else(|| loaded.workload.recorded_capacity());
+        .map_or_else(|| loaded.recorded_capacity(), Ok)?;
     replay_one(&loaded, config, capacity, "replay")
 }
 
-fn print_table(trace: &Path, r: &ReplayReport) {
+fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), OutputError> {
     let conf = if r.conf.is_empty() {
         "(default)"
     } else {
@@ -145,12 +97,16 @@ fn print_table(trace: &Path, r: &ReplayReport) {
     ];
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in rows {
-        println!("{key:<width$}  {value}");
+        out.line(format_args!("{key:<width$}  {value}"))?;
     }
     let calls: Vec<String> = r
         .device_calls
         .iter()
         .map(|(k, n)| format!("{k}={n}"))
         .collect();
-    println!("{:<width$}  {}", "device calls", calls.join(" "));
+    out.line(format_args!(
+        "{:<width$}  {}",
+        "device calls",
+        calls.join(" ")
+    ))
 }

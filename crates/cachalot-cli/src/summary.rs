@@ -2,13 +2,15 @@
 //! simulated device, and optionally its snapshot as a PyTorch pickle or
 //! cachalot JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use cachalot::snapshot_io::{self, SnapshotIoError};
 use cachalot::summary::memory_summary_with;
-use thiserror::Error;
 
-use crate::input::{self, InputError, ReplayArgs};
+use crate::input::{self, ReplayArgs};
+use crate::output::Output;
+use crate::CliError;
 
 /// Arguments of `cachalot summary`.
 #[derive(Debug, clap::Args)]
@@ -29,40 +31,28 @@ pub(crate) struct Args {
     replay: ReplayArgs,
 }
 
-/// `cachalot summary` failed.
-#[derive(Debug, Error)]
-pub(crate) enum SummaryError {
-    /// The input did not load or replay.
-    #[error(transparent)]
-    Input(#[from] InputError),
-    /// A snapshot file could not be written.
-    #[error("{path}: {source}")]
-    Write {
-        /// The output file.
-        path: PathBuf,
-        /// Why.
-        source: SnapshotIoError,
-    },
-}
-
-pub(crate) fn run(args: &Args) -> Result<(), SummaryError> {
-    let run = input::load(&args.input, &args.replay)?;
-    println!("{}", run.describe());
-    print!(
-        "{}",
-        memory_summary_with(&run.stats, run.dump.device, args.abbreviated)
-    );
+/// Runs the subcommand.
+pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
+    let run = input::replay(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
+    out.line(run.describe())?;
+    out.text(&memory_summary_with(
+        &run.stats,
+        run.dump.device,
+        args.abbreviated,
+    ))?;
     if let Some(path) = &args.pickle {
-        snapshot_io::pickle::write_file(&run.dump, path).map_err(|source| SummaryError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        snapshot_io::pickle::write_file(&run.dump, path).map_err(write_failed(path))?;
     }
     if let Some(path) = &args.json {
-        snapshot_io::json::write_file(&run.dump, path).map_err(|source| SummaryError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        snapshot_io::json::write_file(&run.dump, path).map_err(write_failed(path))?;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Wraps a failure to write the snapshot file `path`.
+fn write_failed(path: &Path) -> impl FnOnce(SnapshotIoError) -> CliError + '_ {
+    move |source| CliError::WriteSnapshot {
+        path: path.to_path_buf(),
+        source,
+    }
 }

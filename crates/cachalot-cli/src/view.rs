@@ -2,11 +2,13 @@
 //! simulated device with history recording on.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use cachalot::view::{self, PageInfo, Timeline};
-use thiserror::Error;
 
-use crate::input::{self, InputError, ReplayArgs};
+use crate::input::{self, ReplayArgs};
+use crate::output::Output;
+use crate::CliError;
 
 /// Arguments of `cachalot view`.
 #[derive(Debug, clap::Args)]
@@ -20,24 +22,9 @@ pub(crate) struct Args {
     replay: ReplayArgs,
 }
 
-/// `cachalot view` failed.
-#[derive(Debug, Error)]
-pub(crate) enum ViewError {
-    /// The input did not load or replay.
-    #[error(transparent)]
-    Input(#[from] InputError),
-    /// The page could not be written.
-    #[error("{path}: {source}")]
-    Write {
-        /// The output file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-}
-
-pub(crate) fn run(args: &Args) -> Result<(), ViewError> {
-    let run = input::load(&args.input, &args.replay)?;
+/// Runs the subcommand.
+pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
+    let run = input::replay(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
     let timeline = Timeline::from_records(
         run.dump
             .trace
@@ -53,11 +40,11 @@ pub(crate) fn run(args: &Args) -> Result<(), ViewError> {
         subtitle: run.describe(),
     };
     let html = view::render(&timeline, &info);
-    std::fs::write(&args.output, html).map_err(|source| ViewError::Write {
+    std::fs::write(&args.output, html).map_err(|source| CliError::WritePage {
         path: args.output.clone(),
         source,
     })?;
-    println!(
+    out.line(format_args!(
         "wrote {}: {} events, {} allocations, peak active {} bytes at event {}, peak reserved {} bytes",
         args.output.display(),
         timeline.times_us.len(),
@@ -65,6 +52,6 @@ pub(crate) fn run(args: &Args) -> Result<(), ViewError> {
         timeline.peak_bytes,
         timeline.peak_index,
         timeline.peak_reserved(),
-    );
-    Ok(())
+    ))?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -39,6 +39,23 @@ impl PolicyKind {
     }
 }
 
+impl PolicyKind {
+    /// The policy a configuration key configures, when it configures only one
+    /// (`expandable_segments` the pytorch policy, `cachalot_*` the cachalot
+    /// policy); `None` for keys that apply to both.
+    pub fn of_key(key: &str) -> Option<PolicyKind> {
+        match key {
+            "max_split_size_mb"
+            | "max_non_split_rounding_mb"
+            | "roundup_power2_divisions"
+            | "garbage_collection_threshold"
+            | "expandable_segments" => Some(PolicyKind::Pytorch),
+            k if k.starts_with("cachalot_") => Some(PolicyKind::Cachalot),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -75,6 +92,16 @@ pub enum ConfigError {
         value: String,
         /// What was expected.
         reason: String,
+    },
+    /// A key of one policy, in the configuration of another.
+    #[error("allocator config key '{key}' applies to the {owner} policy, not the {policy} policy")]
+    OtherPolicy {
+        /// The key.
+        key: String,
+        /// The policy it configures.
+        owner: PolicyKind,
+        /// The policy chosen.
+        policy: PolicyKind,
     },
     /// The string is not a list of `key:value` pairs.
     #[error("malformed allocator config near '{0}': expected key:value")]
@@ -264,6 +291,27 @@ impl AllocatorConfig {
                 self.pinned_num_register_threads = n;
             }
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// Checks that every key of [`source`](Self::source) applies to
+    /// [`policy`](Self::policy) (see [`PolicyKind::of_key`]), which may have been
+    /// set after parsing.
+    ///
+    /// # Errors
+    /// [`ConfigError::OtherPolicy`] naming the first key that does not.
+    pub fn check_keys(&self) -> Result<(), ConfigError> {
+        let compact: String = self.source.chars().filter(|c| !c.is_whitespace()).collect();
+        for item in split_top_level(&compact)? {
+            let key = item.split_once(':').map_or(item, |(key, _)| key);
+            if let Some(owner) = PolicyKind::of_key(key).filter(|o| *o != self.policy) {
+                return Err(ConfigError::OtherPolicy {
+                    key: key.to_string(),
+                    owner,
+                    policy: self.policy,
+                });
+            }
         }
         Ok(())
     }
@@ -472,5 +520,30 @@ mod tests {
         assert_eq!(c.cachalot_reuse_min, 0);
         assert!(AllocatorConfig::parse("cachalot_reuse_min_mb:-1").is_err());
         assert!(AllocatorConfig::parse(&format!("cachalot_reuse_min_mb:{}", u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn keys_of_another_policy_are_named() {
+        let mut c = AllocatorConfig::parse("policy:cachalot,expandable_segments:True").unwrap();
+        let e = c.check_keys().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "allocator config key 'expandable_segments' applies to the pytorch policy, \
+             not the cachalot policy"
+        );
+        c.policy = PolicyKind::Pytorch;
+        assert_eq!(c.check_keys(), Ok(()));
+        let c = AllocatorConfig::parse("cachalot_reuse_slack:0.1").unwrap();
+        assert!(matches!(
+            c.check_keys(),
+            Err(ConfigError::OtherPolicy {
+                owner: PolicyKind::Cachalot,
+                policy: PolicyKind::Pytorch,
+                ..
+            })
+        ));
+        let both =
+            "policy:cachalot,per_process_memory_fraction:0.5,release_lock_on_cudamalloc:True";
+        assert_eq!(AllocatorConfig::parse(both).unwrap().check_keys(), Ok(()));
     }
 }

@@ -15,7 +15,7 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::backend::{BackendError, DevicePtr, StreamId};
-use crate::config::ConfigError;
+use crate::config::{ConfigError, PolicyKind};
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -105,6 +105,8 @@ pub struct OomReport {
     pub stream: StreamId,
     /// The allocator configuration string in force.
     pub config: String,
+    /// The policy that ran out (the configuration string may not name it).
+    pub policy: PolicyKind,
     /// Where the memory is: live allocations by size, free blocks. Empty unless
     /// the policy filled it in.
     pub breakdown: OomBreakdown,
@@ -164,12 +166,19 @@ impl fmt::Display for OomReport {
         }
         write!(
             f,
-            "Of the allocated memory {} is allocated by cachalot, and {} is reserved by cachalot but unallocated. \
-             If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-             (or policy:cachalot) to avoid fragmentation.",
+            "Of the allocated memory {} is allocated by cachalot, and {} is reserved by cachalot but unallocated.",
             format_size(self.allocated),
             format_size(self.reserved_unallocated()),
-        )
+        )?;
+        // PyTorch's hint; the cachalot policy is what it suggests.
+        if self.policy == PolicyKind::Pytorch {
+            f.write_str(
+                " If reserved but unallocated memory is large try setting \
+                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (or policy:cachalot) to avoid \
+                 fragmentation.",
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -28,6 +28,20 @@ pub const SIM_BASE_ADDRESS: DevicePtr = 0x7f3a_5e00_0000;
 /// The simulated page size (and mapping granularity): 2 MiB.
 pub const SIM_GRANULARITY: u64 = 2 << 20;
 
+/// The largest device the simulation supports: 256 TiB (2^48 bytes). Policies
+/// reserve virtual ranges larger than the device (the cachalot policy twice its
+/// size per stream, expandable segments 9/8 of it), and addresses, which are
+/// never reused, must stay far below 2^64 over thousands of such ranges.
+/// Larger capacities are not refused here; callers taking a capacity from a
+/// user check it against this bound (and against [`SIM_GRANULARITY`], the
+/// smallest useful device).
+pub const SIM_MAX_CAPACITY: u64 = 1 << 48;
+
+/// The address space below the first range handed out in
+/// [`AddressOrder::Descending`]: this many bytes, or 16 device sizes when that
+/// is more, so that ranges larger than the device still fit.
+const DESCENDING_ROOM: u64 = 1 << 44;
+
 /// Where the simulated device places new segments and ranges.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum AddressOrder {
@@ -157,7 +171,8 @@ impl SimBackend {
             let mut st = self.lock();
             st.order = order;
             if order == AddressOrder::Descending {
-                st.next_address = SIM_BASE_ADDRESS + (1 << 44);
+                let room = DESCENDING_ROOM.max(self.caps.total_memory.saturating_mul(16));
+                st.next_address = SIM_BASE_ADDRESS.saturating_add(room);
             }
         }
         self
@@ -760,5 +775,24 @@ mod tests {
             sim.allocate_segment(2 << 20).unwrap() < small,
             "single pages never reuse"
         );
+    }
+
+    #[test]
+    fn the_largest_device_has_room_for_ranges_larger_than_itself() {
+        for order in [AddressOrder::Ascending, AddressOrder::Descending] {
+            let sim = SimBackend::new(SIM_MAX_CAPACITY).with_address_order(order);
+            // Four ranges of 9/8 of the device, as expandable segments reserve.
+            let size = SIM_MAX_CAPACITY / 8 * 9;
+            let mut bases: Vec<_> = (0..4).map(|_| sim.reserve_range(size).unwrap()).collect();
+            bases.sort_unstable();
+            assert!(bases[0] > 0, "{order:?}: no range at address 0");
+            for pair in bases.windows(2) {
+                assert!(pair[0] + size < pair[1], "{order:?}: {bases:x?} overlap");
+            }
+            let page = sim.create_page(SIM_GRANULARITY).unwrap();
+            let last = bases[3] + size - SIM_GRANULARITY;
+            sim.map(last, page).unwrap();
+            sim.unmap(last, SIM_GRANULARITY).unwrap();
+        }
     }
 }

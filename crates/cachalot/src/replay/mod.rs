@@ -22,7 +22,7 @@ use serde::{Serialize, Serializer};
 use thiserror::Error;
 
 pub use addresses::RecordedAddresses;
-pub use plan::{plan, Op, Plan, PlanError, RecordedDevice};
+pub use plan::{plan, Inconsistency, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
 use crate::allocator::{self, DeviceAllocator};

@@ -55,29 +55,41 @@ pub enum Op {
 /// (or truncated); fix or re-record it.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum PlanError {
-    /// An `alloc` at an address that is still allocated.
-    #[error("event {event}: alloc at {addr:#x}, which is still allocated")]
-    AddressInUse {
-        /// Index of the event.
+    /// An event that does not follow from the ones before it.
+    #[error("event {event}: {problem}")]
+    Inconsistent {
+        /// Index of the event (0-based; see
+        /// [`Recording::event_error`](crate::trace::Recording::event_error) for
+        /// its place in the file).
         event: usize,
-        /// The address.
-        addr: u64,
-    },
-    /// A free of an address that is not allocated.
-    #[error("event {event}: {action} of {addr:#x}, which was never allocated (or already freed)")]
-    UnknownAddress {
-        /// Index of the event.
-        event: usize,
-        /// `free_requested` or `free_completed`.
-        action: Action,
-        /// The address.
-        addr: u64,
+        /// What is wrong with it.
+        problem: Inconsistency,
     },
     /// More allocations than a plan can number.
     #[error("more than {max} allocations")]
     TooManyAllocations {
         /// The limit.
         max: u32,
+    },
+}
+
+/// What is wrong with an event of an inconsistent recording. Addresses are in
+/// decimal, as trace CSVs write them.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum Inconsistency {
+    /// An `alloc` at an address that is still allocated.
+    #[error("alloc at address {addr}, which is still allocated")]
+    AddressInUse {
+        /// The address.
+        addr: u64,
+    },
+    /// A free of an address that is not allocated.
+    #[error("{action} of address {addr}, which was never allocated (or already freed)")]
+    UnknownAddress {
+        /// `free_requested` or `free_completed`.
+        action: Action,
+        /// The address.
+        addr: u64,
     },
 }
 
@@ -235,9 +247,9 @@ impl Builder {
     fn alloc(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
         if let Some(old) = self.live.get(&e.addr) {
             if old.requested_at.is_none() {
-                return Err(PlanError::AddressInUse {
+                return Err(PlanError::Inconsistent {
                     event,
-                    addr: e.addr,
+                    problem: Inconsistency::AddressInUse { addr: e.addr },
                 });
             }
             // Freed by request with no completion before reuse: the request's free stands.
@@ -263,11 +275,7 @@ impl Builder {
     }
 
     fn free_requested(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let unknown = PlanError::UnknownAddress {
-            event,
-            action: e.action,
-            addr: e.addr,
-        };
+        let unknown = unknown_address(event, e);
         let live = self.live.get_mut(&e.addr).ok_or(unknown.clone())?;
         if live.requested_at.is_some() {
             return Err(unknown);
@@ -278,16 +286,26 @@ impl Builder {
     }
 
     fn free_completed(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let live = self.live.remove(&e.addr).ok_or(PlanError::UnknownAddress {
-            event,
-            action: e.action,
-            addr: e.addr,
-        })?;
+        let live = self
+            .live
+            .remove(&e.addr)
+            .ok_or_else(|| unknown_address(event, e))?;
         if let Some(at) = live.requested_at {
             self.blanked.push(at);
         }
         self.ops.push(Op::Free { slot: live.slot });
         Ok(())
+    }
+}
+
+/// The error for event `event`, `e`, a free of an address not allocated.
+fn unknown_address(event: usize, e: &TraceEvent) -> PlanError {
+    PlanError::Inconsistent {
+        event,
+        problem: Inconsistency::UnknownAddress {
+            action: e.action,
+            addr: e.addr,
+        },
     }
 }
 
@@ -381,24 +399,33 @@ mod tests {
 
     #[test]
     fn inconsistent_recordings_are_errors() {
+        let inconsistent = |event, problem| Err(PlanError::Inconsistent { event, problem });
         let double = [ev(Alloc, 1, 512), ev(Alloc, 1, 512)];
         assert_eq!(
             plan(&double, &h100()),
-            Err(PlanError::AddressInUse { event: 1, addr: 1 })
+            inconsistent(1, Inconsistency::AddressInUse { addr: 1 })
         );
-        let foreign = [ev(FreeCompleted, 9, 512)];
-        assert!(matches!(
-            plan(&foreign, &h100()),
-            Err(PlanError::UnknownAddress { event: 0, .. })
-        ));
+        let foreign = [ev(FreeCompleted, 139_637_976_727_552, 512)];
+        let err = plan(&foreign, &h100()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "event 0: free_completed of address 139637976727552, which was never allocated \
+             (or already freed)"
+        );
         let twice = [
             ev(Alloc, 1, 512),
             ev(FreeRequested, 1, 512),
             ev(FreeRequested, 1, 512),
         ];
-        assert!(matches!(
+        assert_eq!(
             plan(&twice, &h100()),
-            Err(PlanError::UnknownAddress { event: 2, .. })
-        ));
+            inconsistent(
+                2,
+                Inconsistency::UnknownAddress {
+                    action: FreeRequested,
+                    addr: 1
+                }
+            )
+        );
     }
 }

@@ -113,10 +113,8 @@ impl fmt::Display for Advice {
 
 /// The suggestions that fit `report`, most useful first.
 pub fn advice(report: &OomReport) -> Vec<Advice> {
-    let config = AllocatorConfig::parse(&report.config).ok();
-    let already_packed = config
-        .as_ref()
-        .is_some_and(|c| c.expandable_segments || c.policy == PolicyKind::Cachalot);
+    let expandable = AllocatorConfig::parse(&report.config).is_ok_and(|c| c.expandable_segments);
+    let already_packed = expandable || report.policy == PolicyKind::Cachalot;
     let unallocated = report.reserved_unallocated();
     let mut out = Vec::new();
     let fragmented = unallocated >= report.requested && unallocated * 8 >= report.reserved;
@@ -168,7 +166,10 @@ pub fn describe(report: &OomReport) -> String {
             format_size(b.inactive_split_bytes),
         ),
         ("largest free block:", format_size(b.largest_free_block)),
-        ("configuration:", config.to_string()),
+        (
+            "configuration:",
+            format!("{config}, {} policy", report.policy),
+        ),
     ];
     // Writing to a String cannot fail.
     for (label, value) in rows {
@@ -310,7 +311,28 @@ mod tests {
             }]
         );
         assert!(advice(&report("expandable_segments:True")).is_empty());
-        assert!(advice(&report("policy:cachalot")).is_empty());
+        let cachalot = OomReport {
+            policy: PolicyKind::Cachalot,
+            ..report("")
+        };
+        assert!(advice(&cachalot).is_empty());
+    }
+
+    #[test]
+    fn the_cachalot_policy_is_suggested_only_under_the_pytorch_policy() {
+        let pytorch = describe(&report(""));
+        assert!(pytorch.contains("(or policy:cachalot)"), "{pytorch}");
+        assert!(pytorch.contains("(defaults), pytorch policy"), "{pytorch}");
+        let cachalot = describe(&OomReport {
+            policy: PolicyKind::Cachalot,
+            ..report("")
+        });
+        assert!(!cachalot.contains("policy:cachalot"), "{cachalot}");
+        assert!(!cachalot.contains("expandable_segments"), "{cachalot}");
+        assert!(
+            cachalot.contains("(defaults), cachalot policy"),
+            "{cachalot}"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! event per line. Read as a stream, one line at a time, in bounded memory.
 
 use std::io::{BufRead, Read};
+use std::num::{IntErrorKind, ParseIntError};
 
 use super::{io_error, ReadLimits, TraceError};
 use crate::backend::StreamId;
@@ -20,6 +21,8 @@ pub struct CsvReader<R> {
     buf: Vec<u8>,
     max_line: usize,
     done: bool,
+    /// The blank lines skipped so far (1-based).
+    blank_lines: Vec<u64>,
 }
 
 impl<R: BufRead> CsvReader<R> {
@@ -31,7 +34,14 @@ impl<R: BufRead> CsvReader<R> {
             buf: Vec::with_capacity(128),
             max_line: limits.max_line_bytes,
             done: false,
+            blank_lines: Vec::new(),
         }
+    }
+
+    /// The blank lines skipped (1-based, in increasing order), which tell an
+    /// event's line from its index (see [`super::Origin::Csv`]).
+    pub fn into_blank_lines(self) -> Vec<u64> {
+        self.blank_lines
     }
 
     /// The number of lines read so far (the header included).
@@ -92,6 +102,7 @@ impl<R: BufRead> CsvReader<R> {
                 return Ok(None);
             }
             if self.buf.iter().all(u8::is_ascii_whitespace) {
+                self.blank_lines.push(self.line);
                 continue;
             }
             return parse_line(&self.buf)
@@ -125,17 +136,14 @@ fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
             .next()
             .ok_or_else(|| format!("missing field '{name}'"))
     };
-    let time_us = number(field("time_us")?, "time_us")?;
+    let time_us = number(field("time_us")?, "time_us", u64::MAX)?;
     let action_text = field("action")?;
     let action: Action = action_text.trim().parse()?;
-    let addr = number(field("addr")?, "addr")?;
-    let size = number(field("size")?, "size")?;
-    let stream = number(field("stream")?, "stream")?;
+    let addr = number(field("addr")?, "addr", u64::MAX)?;
+    let size = number(field("size")?, "size", MAX_REQUEST)?;
+    let stream = number(field("stream")?, "stream", u64::MAX)?;
     if fields.next().is_some() {
         return Err("more than 5 fields".into());
-    }
-    if size > MAX_REQUEST {
-        return Err(format!("size {size} exceeds the {MAX_REQUEST}-byte limit"));
     }
     Ok(TraceEvent {
         time_us,
@@ -146,10 +154,25 @@ fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
     })
 }
 
-fn number(text: &str, name: &str) -> Result<u64, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("field '{name}': '{text}' is not a non-negative integer"))
+/// A field's value: a non-negative integer of at most `max`.
+fn number(text: &str, name: &str, max: u64) -> Result<u64, String> {
+    let too_large = || {
+        format!(
+            "field '{name}': {} is too large (at most {max})",
+            text.trim()
+        )
+    };
+    let value = text.trim().parse().map_err(|e: ParseIntError| {
+        if *e.kind() == IntErrorKind::PosOverflow {
+            too_large()
+        } else {
+            format!("field '{name}': '{text}' is not a non-negative integer")
+        }
+    })?;
+    if value > max {
+        return Err(too_large());
+    }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -208,6 +231,28 @@ mod tests {
         );
         assert_eq!(line_of(read("time,action\n").unwrap_err()), 1);
         assert_eq!(line_of(read("").unwrap_err()), 1);
+    }
+
+    #[test]
+    fn values_too_large_say_so_with_the_limit() {
+        let head = "time_us,action,addr,size,stream\n";
+        let reason = |line: &str| match read(&format!("{head}{line}\n")).unwrap_err() {
+            TraceError::Csv { reason, .. } => reason,
+            other => panic!("expected a CSV error, got {other}"),
+        };
+        assert_eq!(
+            reason("1,alloc,1,100000000000000000000,0"),
+            "field 'size': 100000000000000000000 is too large (at most 1152921504606846976)"
+        );
+        assert_eq!(
+            reason("1,alloc,1,1152921504606846977,0"),
+            "field 'size': 1152921504606846977 is too large (at most 1152921504606846976)"
+        );
+        assert_eq!(
+            reason("1,alloc,18446744073709551616,1,0"),
+            "field 'addr': 18446744073709551616 is too large (at most 18446744073709551615)"
+        );
+        assert!(reason("1,alloc,1,-5,0").contains("not a non-negative integer"));
     }
 
     #[test]

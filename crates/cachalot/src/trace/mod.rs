@@ -21,6 +21,7 @@ pub mod guard;
 pub mod pickle;
 pub mod stats;
 
+use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
@@ -74,6 +75,10 @@ pub enum TraceError {
         /// What is wrong.
         reason: String,
     },
+    /// A JSON document (a cachalot JSON snapshot, or a stats file), which is
+    /// none of the formats read here.
+    #[error("a JSON document, not a trace CSV or snapshot pickle")]
+    Json,
     /// A well-formed file whose content does not have the expected shape.
     #[error("{path}: {reason}")]
     Schema {
@@ -125,6 +130,8 @@ pub enum TraceFormat {
     Csv,
     /// A snapshot pickle.
     Pickle,
+    /// A JSON document (not read here: see [`TraceError::Json`]).
+    Json,
 }
 
 /// A reader over the decompressed bytes of a file, that fails with
@@ -210,14 +217,19 @@ pub fn decompressed<'a, R: BufRead + 'a>(
     )))
 }
 
-/// Detects the format of decompressed input from its first byte, without consuming it.
+/// Detects the format of decompressed input from its first bytes, without
+/// consuming them: the pickle `PROTO` opcode, a JSON object or array (after
+/// whitespace), else CSV.
 ///
 /// # Errors
 /// [`TraceError::Io`] when the input cannot be read.
 pub fn detect(input: &mut dyn BufRead) -> Result<TraceFormat, TraceError> {
     let head = input.fill_buf().map_err(|e| io_error("input", e))?;
+    let first_text = head.iter().find(|b| !b.is_ascii_whitespace());
     Ok(if head.first() == Some(&PICKLE_PROTO) {
         TraceFormat::Pickle
+    } else if matches!(first_text, Some(b'{' | b'[')) {
+        TraceFormat::Json
     } else {
         TraceFormat::Csv
     })
@@ -233,6 +245,52 @@ pub struct Recording {
     pub segments: Vec<SegmentInfo>,
     /// The allocator configuration string in force, when the file records it.
     pub conf: Option<String>,
+    /// Where the events are in the file they were read from.
+    pub origin: Origin,
+}
+
+/// Where a recording's events are in the file they were read from, to name an
+/// event in an error as the file does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Origin {
+    /// Not read from a file (or from one with no other way to name an event
+    /// than its index).
+    #[default]
+    Unknown,
+    /// A trace CSV: event `i` is on line `i + 2` (the header is line 1), plus
+    /// one for each blank line before it.
+    Csv {
+        /// The blank lines skipped, 1-based, in increasing order.
+        blank_lines: Vec<u64>,
+    },
+    /// A snapshot pickle: event `i` is `device_traces[device][i]`.
+    Snapshot {
+        /// The device whose events were read.
+        device: usize,
+    },
+}
+
+impl Recording {
+    /// An error about event `event` that names its place in the file: the line
+    /// of a trace CSV, the entry of a snapshot.
+    pub fn event_error(&self, event: usize, reason: impl fmt::Display) -> TraceError {
+        let reason = reason.to_string();
+        match &self.origin {
+            Origin::Csv { blank_lines } => {
+                let mut line = event as u64 + 2;
+                for blank in blank_lines {
+                    if *blank <= line {
+                        line += 1;
+                    }
+                }
+                TraceError::Csv { line, reason }
+            }
+            Origin::Snapshot { device } => {
+                TraceError::schema(format!("device_traces[{device}][{event}]"), reason)
+            }
+            Origin::Unknown => TraceError::schema(format!("event {event}"), reason),
+        }
+    }
 }
 
 /// Reads a trace CSV or snapshot pickle (plain or gzip) from `input`.
@@ -243,17 +301,22 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
     let mut input = decompressed(input, limits)?;
     match detect(&mut input)? {
         TraceFormat::Csv => {
-            let events = csv::CsvReader::new(input, limits).collect::<Result<Vec<_>, _>>()?;
+            let mut reader = csv::CsvReader::new(input, limits);
+            let events = reader.by_ref().collect::<Result<Vec<_>, _>>()?;
             Ok(Recording {
                 events,
                 segments: Vec::new(),
                 conf: None,
+                origin: Origin::Csv {
+                    blank_lines: reader.into_blank_lines(),
+                },
             })
         }
         TraceFormat::Pickle => {
             let snapshot = pickle::read_snapshot(input, limits)?;
             Ok(snapshot.into_recording())
         }
+        TraceFormat::Json => Err(TraceError::Json),
     }
 }
 
@@ -314,6 +377,30 @@ mod tests {
                 .len(),
             1000
         );
+    }
+
+    #[test]
+    fn json_is_told_apart_from_csv() {
+        for text in ["{\"format\": 1}", "\n  [1, 2]"] {
+            for bytes in [text.as_bytes().to_vec(), gzip(text.as_bytes())] {
+                let err = read_recording(&bytes[..], &ReadLimits::default()).unwrap_err();
+                assert!(matches!(err, TraceError::Json), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn event_errors_name_the_csv_line_as_written() {
+        let text = "time_us,action,addr,size,stream\n1,alloc,4096,512,0\n\n \n2,free_completed,4096,512,0\n\n3,alloc,4096,512,0\n";
+        let rec = read_recording(text.as_bytes(), &ReadLimits::default()).unwrap();
+        assert_eq!(rec.events.len(), 3);
+        let line = |event| match rec.event_error(event, "bad") {
+            TraceError::Csv { line, .. } => line,
+            other => panic!("expected a CSV error, got {other}"),
+        };
+        assert_eq!([line(0), line(1), line(2)], [2, 5, 7]);
+        let err = Recording::default().event_error(3, "bad").to_string();
+        assert_eq!(err, "event 3: bad");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::io::Read;
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-use super::{guard, io_error, ReadLimits, Recording, TraceError};
+use super::{guard, io_error, Origin, ReadLimits, Recording, TraceError};
 use crate::backend::StreamId;
 use crate::error::MAX_REQUEST;
 use crate::event::{Action, TraceEvent};
@@ -52,6 +52,7 @@ impl Snapshot {
             events,
             segments,
             conf: self.conf,
+            origin: Origin::Snapshot { device },
         }
     }
 }

@@ -312,6 +312,7 @@ impl CachalotAllocator {
             allowed: self.pages.limit(),
             stream: entry.stream,
             config: self.config.source.clone(),
+            policy: PolicyKind::Cachalot,
             breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
         }))
     }

@@ -1,6 +1,7 @@
 //! `malloc`: the cache, then new memory, then the retry chain, then out-of-memory.
 
 use crate::backend::{DevicePtr, StreamId};
+use crate::config::PolicyKind;
 use crate::error::{Error, OomBreakdown, OomReport, Result, MAX_REQUEST};
 
 use super::block::BlockId;
@@ -77,6 +78,7 @@ impl State {
             allowed: self.allowed,
             stream: req.stream,
             config: self.config_source.clone(),
+            policy: PolicyKind::Pytorch,
             breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
         }))
     }

@@ -1,0 +1,143 @@
+//! The simulated device's capacity: what `--capacity` accepts (bytes, or a
+//! number with a unit: `80GiB`, `24GB`, `512MiB`) and the range a replay can
+//! simulate, from one page to [`SIM_MAX_CAPACITY`].
+
+use std::num::{IntErrorKind, ParseIntError};
+
+use cachalot::backend::sim::{SIM_GRANULARITY, SIM_MAX_CAPACITY};
+use cachalot::error::format_size;
+use thiserror::Error;
+
+/// Units a size may carry, with their value in bytes.
+const UNITS: [(&str, u64); 9] = [
+    ("B", 1),
+    ("KB", 1_000),
+    ("MB", 1_000_000),
+    ("GB", 1_000_000_000),
+    ("TB", 1_000_000_000_000),
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("TiB", 1 << 40),
+];
+
+/// A capacity that cannot be simulated, or does not parse.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub(crate) enum CapacityError {
+    /// Outside the range the simulated device supports.
+    #[error(
+        "a device of {device} cannot be simulated: the capacity must be between {} ({} bytes) and {} ({} bytes)",
+        describe(SIM_GRANULARITY), SIM_GRANULARITY, describe(SIM_MAX_CAPACITY), SIM_MAX_CAPACITY
+    )]
+    OutOfRange {
+        /// The capacity asked for, as written (`0 bytes`, `512TiB`).
+        device: String,
+    },
+    /// Not a number of bytes, with or without a unit.
+    #[error("'{0}' is not a size: expected bytes or a number with a unit (80GiB, 24GB, 512MiB)")]
+    Malformed(String),
+}
+
+/// `bytes` in the largest binary unit that divides it (`2 MiB`, `256 TiB`).
+fn describe(bytes: u64) -> String {
+    UNITS
+        .iter()
+        .rev()
+        .find(|(_, unit)| unit.is_power_of_two() && bytes.is_multiple_of(*unit))
+        .map_or_else(
+            || format_size(bytes),
+            |(name, unit)| format!("{} {name}", bytes / unit),
+        )
+}
+
+/// Checks that a device of `bytes` can be simulated.
+///
+/// # Errors
+/// [`CapacityError::OutOfRange`].
+pub(crate) fn check(bytes: u64) -> Result<u64, CapacityError> {
+    in_range(bytes, || format!("{bytes} bytes"))
+}
+
+/// `bytes` when a device of that size can be simulated; else the error naming
+/// the `device` asked for.
+fn in_range(bytes: u64, device: impl FnOnce() -> String) -> Result<u64, CapacityError> {
+    if (SIM_GRANULARITY..=SIM_MAX_CAPACITY).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(CapacityError::OutOfRange { device: device() })
+    }
+}
+
+/// Parses a `--capacity` value and checks its range.
+///
+/// # Errors
+/// [`CapacityError`].
+pub(crate) fn parse(text: &str) -> Result<u64, CapacityError> {
+    let malformed = || CapacityError::Malformed(text.to_string());
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let unit = unit.trim();
+    let scale = match unit {
+        "" => 1,
+        _ => UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .map(|(_, scale)| *scale)
+            .ok_or_else(malformed)?,
+    };
+    let device = || match unit {
+        "" => format!("{number} bytes"),
+        _ => trimmed.to_string(),
+    };
+    let out_of_range = || CapacityError::OutOfRange { device: device() };
+    let number: u64 = number.parse().map_err(|e: ParseIntError| {
+        if *e.kind() == IntErrorKind::PosOverflow {
+            out_of_range()
+        } else {
+            malformed()
+        }
+    })?;
+    let bytes = number.checked_mul(scale).ok_or_else(out_of_range)?;
+    in_range(bytes, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_units() {
+        assert_eq!(parse("80GiB"), Ok(80 << 30));
+        assert_eq!(parse("24GB"), Ok(24_000_000_000));
+        assert_eq!(parse("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse("2097152"), Ok(2 << 20));
+        assert_eq!(parse("256TiB"), Ok(1 << 48));
+        assert!(matches!(
+            parse("12 parsecs"),
+            Err(CapacityError::Malformed(_))
+        ));
+        assert!(matches!(parse("GiB"), Err(CapacityError::Malformed(_))));
+        assert!(matches!(parse("-5"), Err(CapacityError::Malformed(_))));
+    }
+
+    #[test]
+    fn the_range_is_one_page_to_256_tib() {
+        for refused in ["0", "2097151", "281474976710657", "18446744073709551615"] {
+            assert!(
+                matches!(parse(refused), Err(CapacityError::OutOfRange { .. })),
+                "{refused}"
+            );
+        }
+        let huge = parse("99999999999999999999999TiB").unwrap_err();
+        assert!(matches!(huge, CapacityError::OutOfRange { .. }), "{huge}");
+        let message = check(0).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "a device of 0 bytes cannot be simulated: the capacity must be between \
+             2 MiB (2097152 bytes) and 256 TiB (281474976710656 bytes)"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! What the replaying subcommands accept, and how they say what is wrong with
+//! an input: every input kind by its content, errors with one prefix, the
+//! place in the file of an inconsistent event.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn data(name: &str) -> String {
+    repo().join("data").join(name).display().to_string()
+}
+
+fn cachalot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(args)
+        .output()
+        .expect("cachalot runs")
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let out = cachalot(args);
+    assert!(
+        out.status.success(),
+        "cachalot {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// The standard error of a command that must fail with status 1.
+fn fails(args: &[&str]) -> String {
+    let out = cachalot(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "cachalot {args:?}: {err}");
+    assert!(err.starts_with("error: "), "cachalot {args:?}: {err}");
+    assert!(!err.contains("panicked"), "cachalot {args:?}: {err}");
+    err
+}
+
+#[test]
+fn the_json_that_summary_writes_replays_and_compares() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = data("traces/seed004.native.trace.csv.gz");
+    let json = dir.path().join("seed004.json.gz");
+    let json = json.to_str().expect("utf-8 path");
+    succeeds(&["summary", &trace, "--json", json]);
+    // Told apart by content, not by name.
+    let renamed = dir.path().join("seed004.run");
+    std::fs::copy(json, &renamed).expect("copies");
+    for input in [json, renamed.to_str().expect("utf-8 path")] {
+        let report: serde_json::Value =
+            serde_json::from_str(&succeeds(&["replay", input, "--json"])).expect("JSON");
+        assert_eq!(report["events"], 333, "{report}");
+        let table = succeeds(&["compare", input]);
+        assert_eq!(table.lines().count(), 4, "{table}");
+    }
+}
+
+#[test]
+fn a_json_file_that_is_not_a_snapshot_is_named_as_such() {
+    let stats = data("traces/seed004.native.stats.json.gz");
+    for command in ["replay", "compare", "summary"] {
+        let err = fails(&[command, &stats]);
+        assert!(
+            err.contains("a JSON file that is not a cachalot JSON snapshot"),
+            "{command}: {err}"
+        );
+        assert!(!err.contains("4096 bytes"), "{command}: {err}");
+    }
+}
+
+#[test]
+fn every_subcommand_uses_one_error_prefix() {
+    let missing = "/nonexistent/trace.csv";
+    for command in [
+        vec!["replay", missing],
+        vec!["compare", missing],
+        vec!["summary", missing],
+        vec!["view", missing],
+    ] {
+        fails(&command);
+    }
+}
+
+#[test]
+fn an_unknown_free_names_its_csv_line_and_address_as_written() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("bad.trace.csv");
+    std::fs::write(
+        &trace,
+        "time_us,action,addr,size,stream\n\
+         1,alloc,139637976727552,512,0\n\
+         \n\
+         2,free_completed,139637976728064,512,0\n",
+    )
+    .expect("writes");
+    let err = fails(&["replay", trace.to_str().expect("utf-8 path")]);
+    assert!(
+        err.contains(
+            "trace CSV line 4: free_completed of address 139637976728064, which was never \
+             allocated (or already freed)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn configuration_keys_of_another_policy_are_refused() {
+    let trace = data("traces/seed004.native.trace.csv.gz");
+    let expandable = data("traces/seed002.expandable.trace.csv.gz");
+    let cases = [
+        (
+            vec![
+                "replay",
+                &trace,
+                "--conf",
+                "policy:cachalot,expandable_segments:True",
+            ],
+            "'expandable_segments' applies to the pytorch policy, not the cachalot policy",
+        ),
+        (
+            vec![
+                "replay",
+                &trace,
+                "--policy",
+                "cachalot",
+                "--conf",
+                "max_split_size_mb:64",
+            ],
+            "'max_split_size_mb' applies to the pytorch policy, not the cachalot policy",
+        ),
+        (
+            vec!["replay", &expandable, "--policy", "cachalot"],
+            "the recorded configuration 'expandable_segments:True': allocator config key \
+             'expandable_segments' applies to the pytorch policy, not the cachalot policy; \
+             give one with --conf",
+        ),
+        (
+            vec!["summary", &trace, "--conf", "cachalot_reuse_slack:0.1"],
+            "'cachalot_reuse_slack' applies to the cachalot policy, not the pytorch policy",
+        ),
+    ];
+    for (command, said) in cases {
+        let err = fails(&command);
+        assert!(err.contains(said), "{command:?}: {err}");
+    }
+}
