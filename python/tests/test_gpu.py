@@ -183,7 +183,7 @@ for step in range(400):
     else:
         torch.cuda.empty_cache()
     s = torch.cuda.memory_stats()
-    out.append({k: v for k, v in s.items() if k not in ("num_device_alloc", "num_device_free")})
+    out.append(s)
 print(json.dumps(out))
 """
 

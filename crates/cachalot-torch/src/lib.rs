@@ -1,21 +1,20 @@
 //! # cachalot-torch: cachalot as PyTorch's CUDA allocator
 //!
-//! A C ABI for `torch.cuda.memory.CUDAPluggableAllocator`: PyTorch calls
-//! [`cachalot_alloc`](ffi::cachalot_alloc) and [`cachalot_free`](ffi::cachalot_free)
-//! for every CUDA tensor, and the hooks [`cachalot_record_stream`](ffi::cachalot_record_stream),
-//! [`cachalot_empty_cache`](ffi::cachalot_empty_cache) and
-//! [`cachalot_set_memory_fraction`](ffi::cachalot_set_memory_fraction) for
-//! `Tensor.record_stream`, `torch.cuda.empty_cache` and
-//! `torch.cuda.set_per_process_memory_fraction`. The rest of the ABI gives back what
-//! PyTorch no longer can with a pluggable allocator: `memory_stats` with PyTorch's
-//! keys, `memory_summary`, history recording and snapshot pickles.
-//! `python/cachalot_torch.py` wraps it all with ctypes; `docs/torch-plugin.md`
-//! describes what PyTorch does and does not tell a pluggable allocator.
+//! The C ABI behind `python/cachalot_torch`: a C++ subclass of PyTorch's
+//! `CUDAAllocator` (compiled against the user's torch) answers every method of
+//! PyTorch's allocator interface through [`dropin`]: allocation and frees,
+//! `DeviceStats`, resets, `empty_cache`, `cacheInfo`, history recording and
+//! snapshots with PyTorch's segment, block and trace fields, and out-of-memory
+//! failures told apart from other errors so that PyTorch raises
+//! `torch.cuda.OutOfMemoryError`. [`ffi`] keeps the callback shape of PyTorch's
+//! stock pluggable allocator and JSON statistics for C programs.
+//! `docs/torch-plugin.md` lists every method and what cachalot does for it.
 //!
 //! ## Layers
 //!
 //! ```text
-//!   ffi      extern "C" entry points, the process's one Registry (OnceLock)
+//!   dropin   extern "C" entry points of the C++ allocator: status + message
+//!   ffi      extern "C" callbacks for C, the process's one Registry (OnceLock)
 //!   guard    catch_unwind at every entry point; errors become the last error
 //!   report   summaries, history recording, snapshot pickles over the registry
 //!   registry one DeviceAllocator per device, created on first use
