@@ -11,10 +11,9 @@
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::ptr;
 
+use cachalot::error::OomBreakdown;
 use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
-use cachalot::snapshot::BlockState;
-use cachalot::stats::{Stat, StatArray};
 use cachalot::{Error, MemoryStats};
 
 use crate::error::{c_string, PluginError, PluginResult};
@@ -227,43 +226,10 @@ pub unsafe extern "C" fn cachalot_device_stats(
     })
 }
 
-/// The statistics as [`STATS_LEN`] numbers: the nine arrays (allocation,
-/// segment, active, inactive_split, allocated_bytes, reserved_bytes,
-/// active_bytes, inactive_split_bytes, requested_bytes), each as all, small
-/// pool, large pool, each as current, peak, allocated, freed; then
-/// oversize_allocations and oversize_segments the same way; then
-/// num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
-/// num_device_free and max_split_size.
+/// The statistics as [`STATS_LEN`] numbers, in the order of PyTorch's
+/// `DeviceStats` ([`MemoryStats::to_numbers`]).
 pub fn stats_numbers(stats: &MemoryStats) -> [i64; STATS_LEN] {
-    let arrays: [&StatArray; 9] = [
-        &stats.allocation,
-        &stats.segment,
-        &stats.active,
-        &stats.inactive_split,
-        &stats.allocated_bytes,
-        &stats.reserved_bytes,
-        &stats.active_bytes,
-        &stats.inactive_split_bytes,
-        &stats.requested_bytes,
-    ];
-    let stat = |s: &Stat| [s.current, s.peak, s.allocated, s.freed];
-    let mut out = Vec::with_capacity(STATS_LEN);
-    for array in arrays {
-        for s in [&array.all, &array.small_pool, &array.large_pool] {
-            out.extend(stat(s));
-        }
-    }
-    out.extend(stat(&stats.oversize_allocations));
-    out.extend(stat(&stats.oversize_segments));
-    out.extend([
-        stats.num_alloc_retries,
-        stats.num_ooms,
-        stats.num_sync_all_streams,
-        stats.num_device_alloc,
-        stats.num_device_free,
-        stats.max_split_size,
-    ]);
-    out.try_into().unwrap_or([0; STATS_LEN])
+    stats.to_numbers().try_into().unwrap_or([0; STATS_LEN])
 }
 
 /// Sets every peak of `device` to its current value.
@@ -306,14 +272,7 @@ pub unsafe extern "C" fn cachalot_largest_free_block(
 ) -> c_int {
     reply(message, || {
         let snapshot = registry()?.device(i64::from(device))?.snapshot();
-        let size = snapshot
-            .segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .filter(|b| b.state == BlockState::Inactive)
-            .map(|b| b.size)
-            .max()
-            .unwrap_or(0);
+        let size = OomBreakdown::from_snapshot(&snapshot).largest_free_block;
         put(largest, size as usize);
         Ok(())
     })
@@ -541,6 +500,11 @@ mod tests {
         assert_eq!(n[108 + 4 + 1], 4, "oversize_segments.peak");
         assert_eq!(n[116 + 1], 2, "num_ooms");
         assert_eq!(n[STATS_LEN - 1], 64 << 20, "max_split_size");
+        assert_eq!(
+            stats.to_numbers().len(),
+            STATS_LEN,
+            "every statistic has its place"
+        );
     }
 
     #[test]

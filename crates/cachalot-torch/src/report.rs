@@ -86,7 +86,7 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
                 device: device as i64,
                 address: segment.address,
                 total_size: segment.total_size,
-                requested_size: segment.blocks.iter().map(|b| b.requested_size).sum(),
+                requested_size: segment.requested_size(),
                 allocated_size: segment.allocated_size(),
                 active_size: segment.active_size(),
                 stream: segment.stream.0,

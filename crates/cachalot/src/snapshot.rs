@@ -65,6 +65,11 @@ impl SegmentInfo {
         self.sum(|b| b.state == BlockState::ActiveAllocated)
     }
 
+    /// Bytes the callers of its blocks asked for.
+    pub fn requested_size(&self) -> u64 {
+        self.blocks.iter().map(|b| b.requested_size).sum()
+    }
+
     /// Bytes in active blocks (allocated or pending free).
     pub fn active_size(&self) -> u64 {
         self.sum(|b| b.state != BlockState::Inactive)

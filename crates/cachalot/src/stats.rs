@@ -54,6 +54,11 @@ impl Stat {
         self.freed += amount as i64;
     }
 
+    /// Current, peak, allocated and freed, in that order.
+    pub fn numbers(&self) -> [i64; 4] {
+        [self.current, self.peak, self.allocated, self.freed]
+    }
+
     /// Sets the peak to the current value.
     pub fn reset_peak(&mut self) {
         self.peak = self.current;
@@ -210,6 +215,21 @@ macro_rules! memory_stats {
                 $(self.$single.export(stringify!($single), &mut out);)*
                 $(out.insert(stringify!($counter).to_string(), self.$counter);)*
                 out.insert("max_split_size".to_string(), self.max_split_size);
+                out
+            }
+
+            /// Every number in declaration order, which is the order of PyTorch's
+            /// `DeviceStats`: each array as all, small pool, large pool, each
+            /// statistic as current, peak, allocated, freed; then the single
+            /// statistics the same way, the counters, and `max_split_size`.
+            pub fn to_numbers(&self) -> Vec<i64> {
+                let mut out = Vec::new();
+                $(for s in [&self.$array.all, &self.$array.small_pool, &self.$array.large_pool] {
+                    out.extend(s.numbers());
+                })*
+                $(out.extend(self.$single.numbers());)*
+                $(out.push(self.$counter);)*
+                out.push(self.max_split_size);
                 out
             }
         }

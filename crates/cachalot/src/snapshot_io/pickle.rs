@@ -98,7 +98,7 @@ fn frames(frames: &[Frame]) -> Value {
 }
 
 fn segment(s: &SegmentInfo, dump: &SnapshotDump) -> Value {
-    let requested: u64 = s.blocks.iter().map(|b| b.requested_size).sum();
+    let requested = s.requested_size();
     let blocks = s.blocks.iter().map(|b| block(b, dump)).collect();
     dict(vec![
         ("device", int(s.device as u64)),
