@@ -15,7 +15,15 @@ out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 status=0
-section() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+# Everything printed also goes to $OUT/gpu.log; each section's seconds are
+# listed at the end.
+exec > >(tee "$out/gpu.log") 2>&1
+started=$SECONDS; mark=$SECONDS; timings=()
+section() {
+  [ -n "${current:-}" ] && timings+=("$current: $((SECONDS - mark)) s")
+  current=$1; mark=$SECONDS
+  printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"
+}
 
 section "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -90,4 +98,6 @@ fi
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
+section "done"
+printf '%s\n' "${timings[@]}" "total: $((SECONDS - started)) s, exit $status"
 exit $status

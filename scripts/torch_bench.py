@@ -12,9 +12,16 @@ allocator can only be swapped before first use):
   cl-pytorch   cachalot, policy:pytorch (PyTorch's policy reproduced)
   cl-cachalot  cachalot, policy:cachalot
 
+The processes run in rounds, one process per allocator in each round, the order
+turned by one place each round, so that a slow spell of the shared machine hits
+every allocator alike. Step time is the median over the timed steps of a process,
+after warm-up; "vs native" is the median over rounds of that round's ratio to
+native's, and the table's step time the median over rounds.
+
 Same seeds and deterministic flags in every process, so each step's loss must
-match native's; the report gives the largest difference. Step time is the median
-over the timed steps, after warm-up. Peak reserved is read two ways: the
+match native's; the report gives the largest difference over all rounds, and
+counts the steps (all rounds) after which cachalot's pytorch policy gives
+native's torch.cuda.memory_stats(), key for key. Peak reserved is read two ways: the
 allocator's own statistics (reserved_bytes.all.peak) and the device's free
 memory (cudaMemGetInfo) sampled at every step boundary, as a drop from the
 level before the model was built.
@@ -271,27 +278,48 @@ def _passthrough(args):
     return out
 
 
-def _compare(results):
+def _compare(rounds):
+    """One row per model and allocator from every round's results."""
     rows = []
-    native = results.get("native", {})
     for model in MODELS:
-        base = native.get(model)
+        natives = [r.get("native", {}).get(model) for r in rounds]
         for config in CONFIGS:
-            r = results.get(config, {}).get(model)
-            if r is None:
-                err = results.get(config, {}).get("_error", "not run")
+            runs = [r.get(config, {}).get(model) for r in rounds]
+            if any(run is None for run in runs):
+                err = next((r.get(config, {}).get("_error") for r in rounds if r.get(config, {}).get("_error")), "not run")
                 rows.append({"model": model, "config": config, "error": err[:200]})
                 continue
-            skip = ("losses", "step_ms_all", "step_stats")
-            row = {"model": model, "config": config, **{k: v for k, v in r.items() if k not in skip}}
-            if base is not None:
-                n = min(len(base["losses"]), len(r["losses"]))
-                row["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(base["losses"][:n], r["losses"][:n]))
-                row["step_vs_native_pct"] = 100.0 * (r["step_ms_median"] / base["step_ms_median"] - 1.0)
-                row["first_step_native_ms"] = base["first_step_ms"]
-                row["stats_steps_equal"] = _equal_steps(base["step_stats"], r["step_stats"])
-            rows.append(row)
+            rows.append(_row(model, config, runs, natives))
     return rows
+
+
+def _row(model, config, runs, natives):
+    """The table's row: times are medians over rounds, memory the largest over
+    rounds (they agree on the pytorch policy), losses and statistics compared
+    round by round with native's."""
+    skip = ("losses", "step_ms_all", "step_stats")
+    row = {"model": model, "config": config, **{k: v for k, v in runs[0].items() if k not in skip}}
+    row["rounds"] = len(runs)
+    row["step_ms_rounds"] = [run["step_ms_median"] for run in runs]
+    row["step_ms_median"] = statistics.median(row["step_ms_rounds"])
+    row["first_step_ms"] = statistics.median(run["first_step_ms"] for run in runs)
+    for key in ("peak_reserved", "peak_allocated", "peak_requested", "device_allocs", "segments_peak", "device_peak_delta"):
+        row[key] = max(run[key] for run in runs)
+    if all(n is not None for n in natives):
+        ratios = [run["step_ms_median"] / n["step_ms_median"] for run, n in zip(runs, natives)]
+        row["step_vs_native_rounds_pct"] = [100.0 * (x - 1.0) for x in ratios]
+        row["step_vs_native_pct"] = 100.0 * (statistics.median(ratios) - 1.0)
+        row["first_step_native_ms"] = statistics.median(n["first_step_ms"] for n in natives)
+        row["max_abs_loss_diff"] = max(
+            abs(a - b) for run, n in zip(runs, natives) for a, b in zip(n["losses"], run["losses"])
+        )
+        counts = [_equal_steps(n["step_stats"], run["step_stats"]) for run, n in zip(runs, natives)]
+        row["stats_steps_equal"] = [
+            sum(c[0] for c in counts),
+            sum(c[1] for c in counts),
+            next((c[2] for c in counts if c[2]), None),
+        ]
+    return row
 
 
 def _equal_steps(native, other):
@@ -314,18 +342,19 @@ def _markdown(env, rows, command):
         "",
         f"Command: `{command}`",
         "",
-        "| model | allocator | step ms (median) | vs native | first step ms | peak reserved (allocator) "
-        "| peak reserved (cudaMemGetInfo) | peak allocated | reserved / requested | device allocs | max abs loss diff |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | allocator | step ms (median of rounds) | vs native (median of rounds) | vs native, each round "
+        "| first step ms | peak reserved (allocator) | peak reserved (cudaMemGetInfo) | peak allocated "
+        "| reserved / requested | device allocs | max abs loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['config']} | error: {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['model']} | {r['config']} | error: {r['error']} | | | | | | | | | |")
             continue
         ratio = r["peak_reserved"] / r["peak_requested"] if r.get("peak_requested") else float("nan")
         lines.append(
             f"| {r['model']} | {r['config']} | {r['step_ms_median']:.2f} | {r.get('step_vs_native_pct', 0.0):+.2f}% "
-            f"| {r['first_step_ms']:.1f} | {r['peak_reserved'] / MIB:.0f} MiB | {r['device_peak_delta'] / MIB:.0f} MiB "
+            f"| {' '.join(f'{x:+.1f}%' for x in r.get('step_vs_native_rounds_pct', []))} | {r['first_step_ms']:.1f} | {r['peak_reserved'] / MIB:.0f} MiB | {r['device_peak_delta'] / MIB:.0f} MiB "
             f"| {r['peak_allocated'] / MIB:.0f} MiB | {ratio:.3f} | {r['device_allocs']} "
             f"| {r.get('max_abs_loss_diff', 0.0):.3g} |"
         )
@@ -351,21 +380,25 @@ def _markdown(env, rows, command):
 
 
 def driver(args):
-    results = {}
     configs = args.configs.split(",")
     if "native" not in configs:
         configs.insert(0, "native")
-    for name in configs:
-        print(f"== {name}", file=sys.stderr, flush=True)
-        results[name] = _run_config(name, args)
+    rounds = []
+    for k in range(args.rounds):
+        order = configs[k % len(configs) :] + configs[: k % len(configs)]
+        results = {}
+        for name in order:
+            print(f"== round {k + 1}/{args.rounds}: {name}", file=sys.stderr, flush=True)
+            results[name] = _run_config(name, args)
+        rounds.append(results)
     env = _environment()
-    rows = _compare(results)
+    rows = _compare(rounds)
     command = "python3 " + " ".join([os.path.relpath(os.path.abspath(__file__))] + sys.argv[1:])
     text = _markdown(env, rows, command)
     print(text)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "rows": rows, "results": results}, f, indent=1)
+            json.dump({"env": env, "rows": rows, "rounds": rounds}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text)
@@ -378,6 +411,7 @@ def main():
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--configs", default=",".join(CONFIGS), help="allocators to run (native always runs)")
     p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--rounds", type=int, default=3, help="processes per allocator, taking turns")
     p.add_argument("--steps", type=int, default=20, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--resnet-batch", type=int, default=64)

@@ -170,20 +170,26 @@ import torch
 if sys.argv[1] == "cachalot":
     import cachalot_torch
     cachalot_torch.use(conf=sys.argv[3])
-rng = random.Random(int(sys.argv[2]))
-live = []
 out = []
-for step in range(400):
-    r = rng.random()
-    if r < 0.55 or not live:
-        size = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 2 << 20), rng.randrange(1, 64 << 20)])
-        live.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-    elif r < 0.97:
-        live.pop(rng.randrange(len(live)))
-    else:
-        torch.cuda.empty_cache()
-    s = torch.cuda.memory_stats()
-    out.append(s)
+for seed in map(int, sys.argv[2].split(",")):
+    # Each seed starts from an empty cache and reset counters: the resets are
+    # compared too.
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    rng = random.Random(seed)
+    live = []
+    for step in range(400):
+        r = rng.random()
+        if r < 0.55 or not live:
+            size = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 2 << 20), rng.randrange(1, 64 << 20)])
+            live.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        elif r < 0.97:
+            live.pop(rng.randrange(len(live)))
+        else:
+            torch.cuda.empty_cache()
+        out.append(torch.cuda.memory_stats())
+    del live
 print(json.dumps(out))
 """
 
@@ -192,19 +198,20 @@ print(json.dumps(out))
 def test_pytorch_policy_stats_equal_native(torch_gpu, conf):
     if cachalot_torch.config()["policy"] != "pytorch":
         pytest.skip("the pytorch policy's statistics are the ones that match native")
-    for seed in range(3):
-        runs = {}
-        for who in ("native", "cachalot"):
-            env = dict(os.environ)
-            env.pop("CACHALOT_ALLOC_CONF", None)
-            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-            if who == "native" and conf:
-                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-            cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
-            done = subprocess.run([sys.executable, "-c", STATS_PROGRAM, who, str(seed), cl_conf if who == "cachalot" else conf],
-                                  capture_output=True, text=True, env=env, timeout=300)
-            assert done.returncode == 0, done.stderr[-2000:]
-            runs[who] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
-        for step, (n, c) in enumerate(zip(runs["native"], runs["cachalot"])):
-            diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
-            assert not diff, f"seed {seed} step {step}: {diff}"
+    seeds = "0,1,2"
+    runs = {}
+    for who in ("native", "cachalot"):
+        env = dict(os.environ)
+        env.pop("CACHALOT_ALLOC_CONF", None)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if who == "native" and conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
+        done = subprocess.run([sys.executable, "-c", STATS_PROGRAM, who, seeds, cl_conf if who == "cachalot" else conf],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[who] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    assert len(runs["native"]) == len(runs["cachalot"]) == 1200
+    for step, (n, c) in enumerate(zip(runs["native"], runs["cachalot"])):
+        diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
+        assert not diff, f"seed {step // 400} step {step % 400}: {diff}"
