@@ -21,9 +21,18 @@ cat > "$dest/snapshot_viz" <<'CHECK'
 set -uo pipefail
 data=$(dirname "$0")/snapshot_viz.data
 out=${OUT:-/tmp/cachalot-gpu}/snapshot_viz
-status=0
+# The pickles at once (no GPU needed; their reports printed in order).
+pids=()
 for p in "$data"/*.pickle; do
-  python3 scripts/check_snapshot_viz.py "$p" "$out/$(basename "$p" .pickle)" || status=1
+  name=$(basename "$p" .pickle)
+  mkdir -p "$out/$name"
+  python3 scripts/check_snapshot_viz.py "$p" "$out/$name" > "$out/$name.log" 2>&1 &
+  pids+=("$!:$name")
+done
+status=0
+for entry in "${pids[@]}"; do
+  wait "${entry%%:*}" || { status=1; echo "FAILED: ${entry#*:}"; }
+  cat "$out/${entry#*:}.log"
 done
 exit $status
 CHECK

@@ -127,19 +127,23 @@ def run_torch_tools(path, outdir):
         raw = f.read()
     with open(plain, "wb") as f:  # _memory_viz opens the file with plain open()
         f.write(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    # The four tools at once: each starts its own Python and imports torch.
+    runs = {}
     for cmd in ("stats", "trace", "trace_plot", "segment_plot"):
         args = [sys.executable, "-m", "torch.cuda._memory_viz", cmd, plain]
-        out = os.path.join(outdir, f"{cmd}.html")
         if cmd.endswith("_plot"):
-            args += ["-o", out]
-        r = subprocess.run(args, capture_output=True, text=True)
-        expect(r.returncode == 0, f"_memory_viz {cmd} exited {r.returncode}: {r.stderr[-2000:]}")
+            args += ["-o", os.path.join(outdir, f"{cmd}.html")]
+        runs[cmd] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for cmd, proc in runs.items():
+        stdout, stderr = proc.communicate()
+        expect(proc.returncode == 0, f"_memory_viz {cmd} exited {proc.returncode}: {stderr[-2000:]}")
         if cmd == "stats":
-            expect("total_reserved" in r.stdout, "_memory_viz stats prints total_reserved")
+            expect("total_reserved" in stdout, "_memory_viz stats prints total_reserved")
         elif cmd == "trace":
-            expect("entries" in r.stdout, "_memory_viz trace prints the entries")
+            expect("entries" in stdout, "_memory_viz trace prints the entries")
         else:
-            html = open(out).read()
+            with open(os.path.join(outdir, f"{cmd}.html")) as f:
+                html = f.read()
             expect("snapshot.pickle" in html and "base64" in html, f"_memory_viz {cmd} embeds the snapshot")
         print(f"ok: python3 -m torch.cuda._memory_viz {cmd}")
 

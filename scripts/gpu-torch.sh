@@ -28,7 +28,7 @@ for policy in pytorch cachalot; do
     || { status=1; echo "FAILED: plug-in suite ($policy)"; }
 done
 if [ "$quick" != --quick ]; then
-  "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-20}" --warmup 5 \
+  "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
 fi
 exit $status

@@ -68,7 +68,7 @@ done
 # (native_bench.py --plugin, with the plug-in from scripts/build-gpu-torch.sh
 # beside BIN); the Rust bench adds reserved memory, the simulator's prediction,
 # driver calls and cachalot's thread scaling.
-passes=20; steps=50000; turns=${TURNS:-15}
+passes=20; steps=50000; turns=${TURNS:-8}
 [ "$quick" = --quick ] && { passes=5; steps=5000; turns=3; }
 plugin="$(dirname "$bin")/torch/libcachalot_torch.so"
 one_process=()

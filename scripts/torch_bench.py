@@ -95,7 +95,8 @@ def _eager(cls, config):
 def _resnet50(torch, args):
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None).cuda()
+    with torch.device("cuda"):  # initialised on the GPU: seconds less per process
+        model = torchvision.models.resnet50(weights=None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator(device="cpu").manual_seed(1)
     batches = [
@@ -122,7 +123,8 @@ def _gpt2(torch, args):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=args.gpt2_layers, n_positions=args.gpt2_seq)
-    model = _eager(GPT2LMHeadModel, config).cuda()
+    with torch.device("cuda"):
+        model = _eager(GPT2LMHeadModel, config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator(device="cpu").manual_seed(2)
@@ -145,7 +147,8 @@ def _bert(torch, args):
     from transformers import BertConfig, BertModel
 
     config = BertConfig()
-    model = _eager(BertModel, config).cuda().eval()
+    with torch.device("cuda"):
+        model = _eager(BertModel, config).eval()
     rng = random.Random(3)
     lengths = [rng.randint(16, 512) for _ in range(args.warmup + args.steps)]
     g = torch.Generator(device="cpu").manual_seed(3)
@@ -168,6 +171,7 @@ BUILDERS = {"resnet50": _resnet50, "gpt2": _gpt2, "bert": _bert}
 def _run_model(torch, memory, name, args):
     import gc
 
+    started = time.perf_counter()
     memory.reset()
     free_before = memory.free_bytes()
     _seed(torch, 0)
@@ -198,11 +202,13 @@ def _run_model(torch, memory, name, args):
         "device_allocs": stats.get("num_device_alloc", 0),
         "segments_peak": stats["segment.all.peak"],
         "device_peak_delta": free_before - min_free,
+        "wall_s": time.perf_counter() - started,
     }
 
 
 def worker(args):
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    started = time.perf_counter()
     import torch
 
     cachalot = None
@@ -216,10 +222,12 @@ def worker(args):
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.cuda.init()
     memory = Memory(torch, cachalot)
+    print(f"# {args.worker}: torch ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     results = {}
     for name in args.models.split(","):
         results[name] = _run_model(torch, memory, name, args)
-        print(f"# {args.worker} {name}: {results[name]['step_ms_median']:.2f} ms/step", file=sys.stderr, flush=True)
+        print(f"# {args.worker} {name}: {results[name]['step_ms_median']:.2f} ms/step, {results[name]['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
     if cachalot is not None:
         cachalot.validate()
         results["_config"] = cachalot.config()
@@ -265,6 +273,7 @@ def _run_config(name, args):
         if line.startswith("RESULT "):
             result = json.loads(line[len("RESULT ") :])
             result["_wall_s"] = time.time() - t0
+            print(f"# {name}: process {result['_wall_s']:.1f} s", file=sys.stderr, flush=True)
             return result
     return {"_error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
 
@@ -379,7 +388,17 @@ def _markdown(env, rows, command):
     return "\n".join(lines) + "\n"
 
 
+def _pin_cpus(count):
+    """Every worker on the same few cores, so that none is luckier in where the
+    scheduler puts it (the GPU's work is launched from one thread)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if count and len(cores) > count:
+        os.sched_setaffinity(0, cores[:count])
+        print(f"# workers on cores {cores[:count]}", file=sys.stderr, flush=True)
+
+
 def driver(args):
+    _pin_cpus(args.cpus)
     configs = args.configs.split(",")
     if "native" not in configs:
         configs.insert(0, "native")
@@ -412,6 +431,7 @@ def main():
     p.add_argument("--configs", default=",".join(CONFIGS), help="allocators to run (native always runs)")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--rounds", type=int, default=3, help="processes per allocator, taking turns")
+    p.add_argument("--cpus", type=int, default=4, help="run the workers on this many cores (0: all)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--resnet-batch", type=int, default=64)

@@ -1,6 +1,7 @@
 """PyTorch programs on cachalot, as on PyTorch's own allocator: one test per row
 of the drop-in table (docs/torch-plugin.md). Skips without a GPU."""
 
+import json
 import os
 import pickle
 import subprocess
@@ -194,24 +195,44 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("conf", ["", "max_split_size_mb:64", "roundup_power2_divisions:4"])
-def test_pytorch_policy_stats_equal_native(torch_gpu, conf):
+STATS_CONFS = ["", "max_split_size_mb:64", "roundup_power2_divisions:4"]
+
+
+@pytest.fixture(scope="module")
+def stats_runs(request):
+    """Every configuration's program on both allocators, all at once (separate
+    processes, one GPU): `{(conf, who): Popen}`."""
+    if not request.config.cachalot_gpu:
+        pytest.skip("skipped: no GPU (or no torch): the drop-in allocator needs a CUDA device")
     if cachalot_torch.config()["policy"] != "pytorch":
         pytest.skip("the pytorch policy's statistics are the ones that match native")
-    seeds = "0,1,2"
     runs = {}
-    for who in ("native", "cachalot"):
-        env = dict(os.environ)
-        env.pop("CACHALOT_ALLOC_CONF", None)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        if who == "native" and conf:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
-        done = subprocess.run([sys.executable, "-c", STATS_PROGRAM, who, seeds, cl_conf if who == "cachalot" else conf],
-                              capture_output=True, text=True, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs[who] = __import__("json").loads(done.stdout.strip().splitlines()[-1])
-    assert len(runs["native"]) == len(runs["cachalot"]) == 1200
-    for step, (n, c) in enumerate(zip(runs["native"], runs["cachalot"])):
+    for conf in STATS_CONFS:
+        for who in ("native", "cachalot"):
+            env = dict(os.environ)
+            env.pop("CACHALOT_ALLOC_CONF", None)
+            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+            if who == "native" and conf:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+            cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
+            args = [sys.executable, "-c", STATS_PROGRAM, who, "0,1,2", cl_conf if who == "cachalot" else conf]
+            runs[conf, who] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    yield runs
+    for proc in runs.values():
+        proc.kill()
+        proc.communicate()
+
+
+def _stats_of(proc):
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("conf", STATS_CONFS)
+def test_pytorch_policy_stats_equal_native(stats_runs, conf):
+    native, cachalot = _stats_of(stats_runs[conf, "native"]), _stats_of(stats_runs[conf, "cachalot"])
+    assert len(native) == len(cachalot) == 1200
+    for step, (n, c) in enumerate(zip(native, cachalot)):
         diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
         assert not diff, f"seed {step // 400} step {step % 400}: {diff}"
