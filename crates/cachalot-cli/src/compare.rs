@@ -35,6 +35,9 @@ pub(crate) struct Args {
     /// Print a JSON array of rows instead of a table.
     #[arg(long)]
     json: bool,
+    /// Of snapshots of several devices, the device to replay.
+    #[arg(long)]
+    device: Option<usize>,
 }
 
 /// One row: a recording under one configuration.
@@ -62,7 +65,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let loaded = load(path).and_then(|loaded| {
+        let loaded = load(path, args.device).and_then(|loaded| {
             let capacity = args
                 .capacity
                 .map_or_else(|| loaded.recorded_capacity(), Ok)?;

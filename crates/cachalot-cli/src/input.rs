@@ -54,9 +54,18 @@ pub(crate) enum InputError {
         /// Why it does not fit.
         source: cachalot::config::ConfigError,
     },
+    /// A tuning could not run.
+    #[error(transparent)]
+    Tune(Box<cachalot::tune::TuneError>),
     /// The recorded device is one a replay cannot simulate.
     #[error("the recorded device: {0}; choose one with --capacity")]
     RecordedCapacity(CapacityError),
+}
+
+impl From<cachalot::tune::TuneError> for InputError {
+    fn from(e: cachalot::tune::TuneError) -> InputError {
+        InputError::Tune(Box::new(e))
+    }
 }
 
 /// How to replay a run.
@@ -73,6 +82,9 @@ pub(crate) struct ReplayArgs {
     /// Events the history keeps (the most recent ones).
     #[arg(long, default_value_t = 1 << 22)]
     max_events: usize,
+    /// Of a snapshot of several devices, the device to replay.
+    #[arg(long)]
+    device: Option<usize>,
 }
 
 /// A replayed run.
@@ -144,9 +156,14 @@ impl Loaded {
 
 /// Reads the recording at `path` and plans its replay. It may be a trace CSV
 /// or snapshot pickle (plain or gzip, with the stats file beside it, if any)
-/// or a cachalot JSON snapshot, told apart by their content.
-pub(crate) fn load(path: &Path) -> Result<Loaded, InputError> {
-    let (recording, device) = match Workload::open(path, &ReadLimits::default()) {
+/// or a cachalot JSON snapshot, told apart by their content; of a snapshot of
+/// several devices, `device`'s events (see [`ReadLimits::device`]).
+pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputError> {
+    let limits = ReadLimits {
+        device,
+        ..ReadLimits::default()
+    };
+    let (recording, device) = match Workload::open(path, &limits) {
         Ok(workload) => {
             let device = workload.recorded_device()?;
             (workload.recording, device)
@@ -181,7 +198,7 @@ fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
 
 /// Reads `path` and replays it as `args` say, recording its history.
 pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
-    let loaded = load(path)?;
+    let loaded = load(path, args.device)?;
     let config = loaded.config(args.conf.as_deref(), None)?;
     let capacity = args
         .capacity

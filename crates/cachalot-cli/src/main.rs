@@ -8,6 +8,7 @@ mod parity;
 mod progress;
 mod replay;
 mod summary;
+mod tune;
 mod view;
 
 use std::fmt::Display;
@@ -38,6 +39,9 @@ enum Cli {
     Summary(summary::Args),
     /// Write a self-contained HTML page of a run's memory over time.
     View(view::Args),
+    /// Replay a recording under many allocator settings, rank them, say the
+    /// smallest device each leader needs, and print the setting to use.
+    Tune(tune::Args),
 }
 
 /// Why a subcommand stopped.
@@ -90,6 +94,7 @@ fn main() -> ExitCode {
         Cli::Compare(args) => compare::run(&args, &mut out),
         Cli::Summary(args) => summary::run(&args, &mut out),
         Cli::View(args) => view::run(&args, &mut out),
+        Cli::Tune(args) => tune::run(&args, &mut out),
     };
     let flushed = out.flush().map_err(CliError::from);
     match result.and_then(|code| flushed.map(|()| code)) {

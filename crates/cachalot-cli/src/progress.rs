@@ -22,3 +22,19 @@ pub(crate) fn bar(len: u64, label: &str) -> ProgressBar {
     bar.set_prefix(label.to_string());
     bar
 }
+
+/// A bar for `len` steps of a search labelled `label`, drawn whenever stdout
+/// is a terminal.
+pub(crate) fn steps(len: u64, label: &str) -> ProgressBar {
+    if !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let style =
+        ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} configurations ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(label.to_string());
+    bar
+}

@@ -32,6 +32,9 @@ pub(crate) struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Of a snapshot of several devices, the device to replay.
+    #[arg(long)]
+    device: Option<usize>,
 }
 
 /// Replays `loaded` under `config` on `capacity` bytes, with a progress bar.
@@ -62,7 +65,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 }
 
 fn report(args: &Args) -> Result<ReplayReport, InputError> {
-    let loaded = load(&args.trace)?;
+    let loaded = load(&args.trace, args.device)?;
     let config = loaded.config(args.conf.as_deref(), args.policy)?;
     let capacity = args
         .capacity

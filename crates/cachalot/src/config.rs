@@ -326,7 +326,7 @@ impl AllocatorConfig {
 }
 
 /// Splits on commas that are not inside brackets.
-fn split_top_level(s: &str) -> Result<Vec<&str>, ConfigError> {
+pub(crate) fn split_top_level(s: &str) -> Result<Vec<&str>, ConfigError> {
     let mut items = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in s.char_indices() {

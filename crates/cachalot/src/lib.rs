@@ -63,6 +63,7 @@ pub mod summary;
 #[cfg(test)]
 mod test_rng;
 pub mod trace;
+pub mod tune;
 pub mod view;
 
 pub use allocator::DeviceAllocator;

@@ -228,7 +228,7 @@ pub fn run_observed(
     });
     allocator.set_observer(Some(log.clone()));
     let start = Instant::now();
-    let result = drive(plan, allocator, progress);
+    let result = drive(plan, allocator, progress, false);
     let elapsed = start.elapsed();
     allocator.set_observer(None);
     let tally = result?;
@@ -263,11 +263,29 @@ pub fn run_observed(
     })
 }
 
-/// The replay loop.
+/// Whether `plan` replays under `config` on a simulated device of `capacity`
+/// bytes without running out of memory; stops at the first allocation that
+/// does not fit.
+///
+/// # Errors
+/// As [`replay`].
+pub fn fits(plan: &Plan, config: AllocatorConfig, capacity: u64) -> Result<bool, ReplayError> {
+    let sim = Arc::new(SimBackend::new(capacity));
+    let backend = Arc::new(RecordedAddresses::new(
+        sim,
+        plan.recorded_segment_allocs.clone(),
+    ));
+    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
+    Ok(drive(plan, allocator.as_ref(), &mut |_| {}, true)?.ooms == 0)
+}
+
+/// The replay loop; with `stop_at_oom`, it ends at the first allocation that
+/// runs out of memory.
 fn drive(
     plan: &Plan,
     allocator: &dyn DeviceAllocator,
     progress: &mut dyn FnMut(usize),
+    stop_at_oom: bool,
 ) -> Result<Tally, ReplayError> {
     // Each slot's pointer; 0 for a slot not allocated (or skipped after an OOM),
     // whose free is then a no-op, as freeing the null address is.
@@ -294,6 +312,9 @@ fn drive(
                     Err(Error::OutOfMemory(report)) => {
                         tally.ooms += 1;
                         tally.first_oom.get_or_insert(*report);
+                        if stop_at_oom {
+                            return Ok(tally);
+                        }
                     }
                     Err(e) => return Err(fail(e)),
                 }

@@ -79,6 +79,18 @@ pub enum TraceError {
     /// none of the formats read here.
     #[error("a JSON document, not a trace CSV or snapshot pickle")]
     Json,
+    /// A snapshot with events on several devices, read without choosing one,
+    /// or a device chosen that has none. Remedy: choose one of `devices`.
+    #[error(
+        "{reason}; the devices with events are {}: choose one with --device",
+        list(devices)
+    )]
+    Device {
+        /// What is wrong.
+        reason: String,
+        /// The devices that have events.
+        devices: Vec<usize>,
+    },
     /// A well-formed file whose content does not have the expected shape.
     #[error("{path}: {reason}")]
     Schema {
@@ -87,6 +99,18 @@ pub enum TraceError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// `0, 1 and 3`, or `none`.
+fn list(devices: &[usize]) -> String {
+    match devices {
+        [] => "none".to_string(),
+        [one] => one.to_string(),
+        [rest @ .., last] => {
+            let rest: Vec<String> = rest.iter().map(usize::to_string).collect();
+            format!("{} and {last}", rest.join(", "))
+        }
+    }
 }
 
 impl TraceError {
@@ -110,6 +134,9 @@ pub struct ReadLimits {
     /// Most values a pickle may expand to once shared references are copied out.
     /// Default: 64 million.
     pub max_values: u64,
+    /// Which device's events to read from a snapshot pickle. Default (`None`):
+    /// the one device with events; a snapshot with events on several is refused.
+    pub device: Option<usize>,
 }
 
 impl Default for ReadLimits {
@@ -119,6 +146,7 @@ impl Default for ReadLimits {
             max_line_bytes: 4096,
             max_depth: 64,
             max_values: 64 << 20,
+            device: None,
         }
     }
 }
@@ -314,7 +342,7 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
         }
         TraceFormat::Pickle => {
             let snapshot = pickle::read_snapshot(input, limits)?;
-            Ok(snapshot.into_recording())
+            snapshot.into_recording(limits.device)
         }
         TraceFormat::Json => Err(TraceError::Json),
     }

@@ -31,13 +31,34 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The recording of the first device that has events (device 0 when none has).
-    pub fn into_recording(self) -> Recording {
-        let device = self
-            .device_traces
-            .iter()
-            .position(|t| !t.is_empty())
-            .unwrap_or(0);
+    /// The recording of `device`, or of the one device that has events when
+    /// `None` (device 0 when none has).
+    ///
+    /// # Errors
+    /// [`TraceError::Device`] when `device` is `None` and several devices have
+    /// events, or when `device` has none.
+    pub fn into_recording(self, device: Option<usize>) -> Result<Recording, TraceError> {
+        let with_events: Vec<usize> = (0..self.device_traces.len())
+            .filter(|d| !self.device_traces[*d].is_empty())
+            .collect();
+        let device = match (device, &with_events[..]) {
+            (Some(d), _) if with_events.contains(&d) => d,
+            (Some(d), _) => {
+                return Err(TraceError::Device {
+                    reason: format!("device {d} has no events in this snapshot"),
+                    devices: with_events,
+                })
+            }
+            (None, []) => 0,
+            (None, [one]) => *one,
+            (None, _) => {
+                return Err(TraceError::Device {
+                    reason: "a snapshot of several devices, which are replayed one at a time"
+                        .into(),
+                    devices: with_events,
+                })
+            }
+        };
         let segments = self
             .segments
             .into_iter()
@@ -48,12 +69,12 @@ impl Snapshot {
             .into_iter()
             .nth(device)
             .unwrap_or_default();
-        Recording {
+        Ok(Recording {
             events,
             segments,
             conf: self.conf,
             origin: Origin::Snapshot { device },
-        }
+        })
     }
 }
 
@@ -345,6 +366,31 @@ mod tests {
             ),
             (s("allocator_settings"), settings),
         ]))
+    }
+
+    #[test]
+    fn a_snapshot_of_several_devices_needs_one_chosen() {
+        let bytes =
+            serde_pickle::value_to_vec(&minimal(Value::I64(4096)), serde_pickle::SerOptions::new())
+                .unwrap();
+        let one = snapshot_from_slice(&bytes, &ReadLimits::default()).unwrap();
+        let event = one.device_traces[0][0];
+        let two = Snapshot {
+            device_traces: vec![vec![event], vec![], vec![event, event]],
+            ..one.clone()
+        };
+        let err = two.clone().into_recording(None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "a snapshot of several devices, which are replayed one at a time; \
+             the devices with events are 0 and 2: choose one with --device"
+        );
+        let chosen = two.clone().into_recording(Some(2)).unwrap();
+        assert_eq!(chosen.events.len(), 2);
+        assert_eq!(chosen.origin, Origin::Snapshot { device: 2 });
+        let none = two.into_recording(Some(1)).unwrap_err().to_string();
+        assert!(none.starts_with("device 1 has no events"), "{none}");
+        assert_eq!(one.into_recording(None).unwrap().events.len(), 1);
     }
 
     #[test]
