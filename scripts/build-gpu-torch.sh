@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the cachalot_torch wheel (the Rust library inside) and copies it, the
-# Python tests and the model benchmark where the device tool carries them:
+# Python tests, the model benchmark, the tuner's proof and the cachalot command
+# where the device tool carries them:
 # DEST/torch/. scripts/gpu-torch.sh installs the wheel in a fresh virtual
 # environment there and runs everything.
 # Usage: scripts/build-gpu-torch.sh [DEST]   (DEST defaults to ./gpu-bin, git-ignored)
@@ -14,5 +15,8 @@ pip wheel --no-deps -w "$dest/torch" ./python
 # The one-process allocator bench dlopens the plain library.
 unzip -o -j -q "$dest"/torch/cachalot_torch-*.whl '*/libcachalot_torch.so' -d "$dest/torch"
 cp python/tests/*.py "$dest/torch/tests/"
-cp scripts/torch_bench.py scripts/torch_ddp.py scripts/gpu-torch.sh "$dest/torch/scripts/"
+cp scripts/torch_bench.py scripts/torch_ddp.py scripts/tune_proof.py scripts/gpu-torch.sh "$dest/torch/scripts/"
+# `cachalot tune` for the tuner's proof.
+cargo build --release -p cachalot-cli
+strip -o "$dest/torch/cachalot" target/release/cachalot
 echo "built: $(ls "$dest/torch")"

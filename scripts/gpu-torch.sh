@@ -1,34 +1,47 @@
 #!/usr/bin/env bash
 # The PyTorch drop-in on a GPU machine: installs the wheel from
 # scripts/build-gpu-torch.sh in a fresh virtual environment (no network: the
-# machine's torch is seen through --system-site-packages), checks it with
-# `python -m cachalot_torch`, runs the plug-in suite once per policy, then
-# (unless --quick) the model benchmark. Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick]
+# machine's torch is seen through a .pth file), checks it with
+# `python -m cachalot_torch` (which compiles the C++ allocator), runs the
+# plug-in suite once per policy, then (unless --quick) the model benchmark and
+# the tuner's proof (scripts/tune_proof.py).
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick]
+#   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
+#   --run        only what follows, in the environment --prepare made
+#   --run-quick  the same, without the benchmark and the proof (as --quick)
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick]}" && pwd)
-quick=${2:-}
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick]}" && pwd)
+mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
 status=0
 venv=/tmp/cachalot-venv
-rm -rf "$venv"
-python3 -m venv "$venv"
-# The machine's torch may live in another environment: the new one sees it
-# through a .pth file (no network to install it again).
-"$venv/bin/python" -c 'import sys, site; print(site.getsitepackages()[0])' > /tmp/cachalot-venv-site
-python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
-  > "$(cat /tmp/cachalot-venv-site)/machine-packages.pth"
-"$venv/bin/pip" install --no-index --no-deps -q "$dir"/cachalot_torch-*.whl || exit 1
 cd /tmp  # import the installed package, not a checkout's
-echo "--- python -m cachalot_torch"
-"$venv/bin/python" -m cachalot_torch || status=1
+
+if [ "$mode" != --run ] && [ "$mode" != --run-quick ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  # The machine's torch may live in another environment: the new one sees it
+  # through a .pth file (no network to install it again).
+  site=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  python3 -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+    > "$site/machine-packages.pth"
+  "$venv/bin/pip" install --no-index --no-deps -q "$dir"/cachalot_torch-*.whl || exit 1
+  echo "--- python -m cachalot_torch"
+  "$venv/bin/python" -m cachalot_torch || exit 1
+  [ "$mode" = --prepare ] && exit 0
+fi
+
 for policy in pytorch cachalot; do
   echo "--- plug-in suite, policy:$policy"
   CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
     || { status=1; echo "FAILED: plug-in suite ($policy)"; }
 done
-if [ "$quick" != --quick ]; then
+if [ "$mode" != --quick ] && [ "$mode" != --run-quick ]; then
   "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
+  echo "--- cachalot tune, proven: each model's snapshot tuned, the model run again with the setting"
+  "$venv/bin/python" "$dir/scripts/tune_proof.py" --cachalot "$dir/cachalot" --python "$venv/bin/python" \
+    --out "$out/tune" || status=1
 fi
 exit $status
