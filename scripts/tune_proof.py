@@ -70,11 +70,13 @@ def _spawn(model, args, env_extra, record=None, python=None, cachalot_torch=Fals
 
 
 def _result(proc, what):
+    """The worker's RESULT, or {"error": ...} (printed) when it failed."""
     out, err = proc.communicate()
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise SystemExit(f"{what}: exit {proc.returncode}: {err[-3000:]}")
+    print(f"FAILED: {what}: exit {proc.returncode}: {err[-3000:]}", flush=True)
+    return {"error": f"exit {proc.returncode}", "peak_reserved": -1, "losses": []}
 
 
 def _tune(args, snapshot, capacity):
@@ -108,7 +110,7 @@ def driver(args):
         if best["variable"] == "CACHALOT_ALLOC_CONF" and args.python:
             runs[m, "cachalot"] = _spawn(m, args, {"CACHALOT_ALLOC_CONF": best["value"]},
                                          python=args.python, cachalot_torch=True)
-    measured = {key: _result(p, f"{key}") for key, p in runs.items()}
+    measured = {key: _result(p, f"{key[0]} with the {key[1]} recommendation") for key, p in runs.items()}
     rows, ok = [], True
     for m in models:
         report, default = tuned[m]

@@ -442,3 +442,47 @@ fn a_failed_allocation_leaves_no_partial_mapping() {
     alloc.empty_cache().unwrap();
     assert_eq!(sim.live_objects(), 0);
 }
+
+/// A page re-mapped from a freed block is unmapped only after the stream's
+/// queued work is done: on a GPU, a kernel still reading the freed block would
+/// fault on a page unmapped under it (found on an H100 with the tightest
+/// re-mapping settings). A failed synchronization leaves the page mapped.
+#[test]
+fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
+    let tight = "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0";
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, tight);
+    // A freed, B live, C placed past B: C takes A's pages.
+    let remap = |alloc: &CachalotAllocator| {
+        let a = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+        let b = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
+        alloc.free(a).unwrap();
+        (b, alloc.malloc(10 * MIB, StreamId(0)))
+    };
+    let (b, c) = remap(&alloc);
+    let count = |kind| sim.counters().count(kind);
+    assert!(
+        count(CallKind::Unmap) > 0,
+        "the third block re-maps the first's pages"
+    );
+    assert_eq!(count(CallKind::SynchronizeStream), 1);
+    alloc.free(b).unwrap();
+    alloc.free(c.unwrap()).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.live_objects(), 0);
+
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&sim, tight);
+    for n in 1..=8 {
+        sim.fail_nth(CallKind::SynchronizeStream, n, Fault::DeviceError);
+    }
+    let (b, c) = remap(&alloc);
+    assert!(matches!(c, Err(Error::Backend(_))), "{c:?}");
+    assert_eq!(sim.counters().count(CallKind::Unmap), 0);
+    alloc.validate().unwrap();
+    alloc.free(b).unwrap();
+    // Once the device answers again, everything goes back.
+    let emptied = (0..10).any(|_| alloc.empty_cache().is_ok());
+    assert!(emptied);
+    assert_eq!(sim.live_objects(), 0);
+}

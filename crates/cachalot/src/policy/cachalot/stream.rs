@@ -115,6 +115,10 @@ pub(crate) struct StreamState {
     allocations: u64,
     /// Whether the stream churns (see the module docs): its budget is raised.
     churning: bool,
+    /// Whether blocks were freed since the stream was last synchronized: work
+    /// queued on the stream may still use their pages, so none may be unmapped
+    /// before the stream is (see [`StreamState::quiesce`]).
+    unsynced: bool,
     config: StreamConfig,
     ranges: Arc<RangeTable>,
 }
@@ -154,9 +158,21 @@ impl StreamState {
             remaps: 0,
             allocations: 0,
             churning: false,
+            unsynced: false,
             config,
             ranges,
         }
+    }
+
+    /// Waits for the work queued on the stream when blocks were freed since it
+    /// last did. Unmapping, unlike freeing a segment, is not ordered after that
+    /// work: a page unmapped under a kernel still reading a freed block faults.
+    fn quiesce(&mut self, pages: &Pages) -> BackendResult<()> {
+        if self.unsynced {
+            pages.backend().synchronize_stream(self.stream)?;
+            self.unsynced = false;
+        }
+        Ok(())
     }
 
     /// Allocates a block of `size` (rounded) bytes for `requested`.
@@ -259,7 +275,9 @@ impl StreamState {
                     .expect("checked above")
                     .release(span.clone());
                 // Give back what this attempt mapped; the map's error is the news.
-                let _ = self.pools[p].release_idle_in(pages, &mut self.ledger, span);
+                if self.quiesce(pages).is_ok() {
+                    let _ = self.pools[p].release_idle_in(pages, &mut self.ledger, span);
+                }
                 return Err(e);
             }
         }
@@ -442,6 +460,7 @@ impl StreamState {
         for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
             let slot = self.pools[q].slots.as_mut().and_then(|s| s.coldest(&keep));
             if let Some(slot) = slot {
+                self.quiesce(pages)?;
                 return self.pools[q]
                     .unmap_slot(pages, &mut self.ledger, slot)
                     .map(Some);
@@ -601,6 +620,7 @@ impl StreamState {
     /// [`StreamState::complete`] after the statistics: the block is kept for
     /// reuse or merged back into its heap.
     fn reclaim(&mut self, pages: &Pages, p: usize, id: BlockId) {
+        self.unsynced = true;
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size) = (b.addr, b.size);
@@ -630,7 +650,9 @@ impl StreamState {
         if self.pools[p].cached_bytes() > keep {
             // Best effort: what fails to go back stays cached and is retried at
             // the next free, `empty_cache` or out-of-memory flush.
-            let _ = self.pools[p].release_cached(pages, &mut self.ledger, keep);
+            if self.quiesce(pages).is_ok() {
+                let _ = self.pools[p].release_cached(pages, &mut self.ledger, keep);
+            }
         }
     }
 
@@ -686,6 +708,7 @@ impl StreamState {
 
     /// Gives back cached memory down to `keep` bytes per pool.
     fn release_cached(&mut self, pages: &Pages, keep: u64) -> BackendResult<()> {
+        self.quiesce(pages)?;
         for p in 0..2 {
             self.pools[p].release_cached(pages, &mut self.ledger, keep)?;
         }
