@@ -475,6 +475,7 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
     let alloc = allocator(&sim, tight);
     for n in 1..=8 {
         sim.fail_nth(CallKind::SynchronizeStream, n, Fault::DeviceError);
+        sim.fail_nth(CallKind::SynchronizeDevice, n, Fault::DeviceError);
     }
     let (b, c) = remap(&alloc);
     assert!(matches!(c, Err(Error::Backend(_))), "{c:?}");

@@ -167,9 +167,14 @@ impl StreamState {
     /// Waits for the work queued on the stream when blocks were freed since it
     /// last did. Unmapping, unlike freeing a segment, is not ordered after that
     /// work: a page unmapped under a kernel still reading a freed block faults.
+    /// A stream the backend no longer knows (destroyed by its owner) is
+    /// waited for through the whole device.
     fn quiesce(&mut self, pages: &Pages) -> BackendResult<()> {
         if self.unsynced {
-            pages.backend().synchronize_stream(self.stream)?;
+            let backend = pages.backend();
+            backend
+                .synchronize_stream(self.stream)
+                .or_else(|_| backend.synchronize_device())?;
             self.unsynced = false;
         }
         Ok(())
