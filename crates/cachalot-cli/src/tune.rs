@@ -124,11 +124,15 @@ fn search(args: &Args) -> Result<(Ranking, Vec<Fit>), InputError> {
     } else {
         Space::from_specs(&args.space)?
     };
-    let count = space.candidates()?.len();
-    let bar = progress::steps(count as u64, "tune");
-    let ranking = tune::search(&loaded.plan, &space, capacity, args.objective, &|done| {
-        bar.set_position(done as u64)
-    });
+    let candidates = space.candidates()?;
+    let bar = progress::steps(candidates.len() as u64, "tune");
+    let ranking = tune::search(
+        &loaded.plan,
+        candidates,
+        capacity,
+        args.objective,
+        &|done| bar.set_position(done as u64),
+    );
     bar.finish_and_clear();
     let ranking = ranking?;
     let fits = tune::fit_leaders(&loaded.plan, &ranking, args.fit)?;

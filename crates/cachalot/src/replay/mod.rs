@@ -337,14 +337,14 @@ fn drive(
     Ok(tally)
 }
 
+/// Hand-built plans for the tests of the replay and of what builds on it.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
+    use super::{Op, Plan};
     use crate::backend::StreamId;
 
-    const MIB: u64 = 1 << 20;
-
-    fn alloc(slot: u32, size: u64) -> Op {
+    /// Allocates `size` bytes for `slot` on the default stream.
+    pub(crate) fn alloc(slot: u32, size: u64) -> Op {
         Op::Alloc {
             slot,
             size,
@@ -352,7 +352,8 @@ mod tests {
         }
     }
 
-    fn plan_of(ops: Vec<Op>, slots: usize) -> Plan {
+    /// A plan of `ops` over `slots` slots, one event per op.
+    pub(crate) fn plan_of(ops: Vec<Op>, slots: usize) -> Plan {
         Plan {
             events: ops.len(),
             ops,
@@ -360,6 +361,14 @@ mod tests {
             ..Plan::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{alloc, plan_of};
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
 
     #[test]
     fn out_of_memory_skips_the_allocation_and_its_free() {

@@ -107,18 +107,10 @@ pub fn smallest_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::StreamId;
+    use crate::replay::testing::{alloc, plan_of};
     use crate::replay::Op;
 
     const MIB: u64 = 1 << 20;
-
-    fn alloc(slot: u32, size: u64) -> Op {
-        Op::Alloc {
-            slot,
-            size,
-            stream: StreamId::DEFAULT,
-        }
-    }
 
     #[test]
     fn the_smallest_capacity_fits_and_one_page_less_does_not() {
@@ -133,12 +125,7 @@ mod tests {
             Op::Free { slot: 1 },
             Op::Free { slot: 2 },
         ];
-        let plan = Plan {
-            events: ops.len(),
-            ops,
-            slots: 3,
-            ..Plan::default()
-        };
+        let plan = plan_of(ops, 3);
         for conf in ["", "expandable_segments:True", "policy:cachalot"] {
             let config = AllocatorConfig::parse(conf).unwrap();
             let least = smallest_capacity(&plan, &config, 120 * MIB, 1024 * MIB, 150 * MIB)

@@ -213,16 +213,16 @@ pub fn live_peak(plan: &Plan) -> u64 {
     peak
 }
 
-/// Replays every candidate of `space` on a device of `capacity` bytes, on all
+/// Replays every candidate (from [`Space::candidates`]) on a device of `capacity` bytes, on all
 /// cores, and ranks them by `objective`. `progress` is called with the number of
 /// candidates done, after each.
 ///
 /// # Errors
-/// [`TuneError::NoAllocations`], [`TuneError::LiveAboveCapacity`], a bad
-/// candidate ([`TuneError::Config`]) or a failed replay.
+/// [`TuneError::NoAllocations`], [`TuneError::LiveAboveCapacity`] or a
+/// failed replay.
 pub fn search(
     plan: &Plan,
-    space: &Space,
+    candidates: Vec<AllocatorConfig>,
     capacity: u64,
     objective: Objective,
     progress: &(dyn Fn(usize) + Sync),
@@ -234,9 +234,8 @@ pub fn search(
     if live > capacity {
         return Err(TuneError::LiveAboveCapacity { live, capacity });
     }
-    let configs = space.candidates()?;
     let done = AtomicUsize::new(0);
-    let mut candidates = configs
+    let mut candidates = candidates
         .into_par_iter()
         .map(|config| {
             let candidate = replay_candidate(plan, config, capacity, live);
@@ -275,26 +274,9 @@ fn replay_candidate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::StreamId;
+    use crate::replay::testing::{alloc, plan_of};
 
     const MIB: u64 = 1 << 20;
-
-    fn plan_of(ops: Vec<Op>, slots: usize) -> Plan {
-        Plan {
-            events: ops.len(),
-            ops,
-            slots,
-            ..Plan::default()
-        }
-    }
-
-    fn alloc(slot: u32, size: u64) -> Op {
-        Op::Alloc {
-            slot,
-            size,
-            stream: StreamId::DEFAULT,
-        }
-    }
 
     /// Large blocks of changing sizes: PyTorch's default splits and caches
     /// them; a split limit or expandable segments waste less.
@@ -336,7 +318,15 @@ mod tests {
             live_peak: live_peak(&plan),
             capacity: 4096 * MIB,
         });
-        let ranking = search(&plan, &space, 4096 * MIB, Objective::Reserved, &|_| {}).unwrap();
+        let candidates = space.candidates().unwrap();
+        let ranking = search(
+            &plan,
+            candidates.clone(),
+            4096 * MIB,
+            Objective::Reserved,
+            &|_| {},
+        )
+        .unwrap();
         let keys: Vec<_> = ranking
             .candidates
             .iter()
@@ -354,7 +344,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(again.peak_reserved_bytes, best.peak_reserved_bytes);
-        let calls = search(&plan, &space, 4096 * MIB, Objective::Calls, &|_| {}).unwrap();
+        let calls = search(&plan, candidates, 4096 * MIB, Objective::Calls, &|_| {}).unwrap();
         let first = &calls.candidates[0];
         assert!(calls
             .candidates
@@ -365,13 +355,13 @@ mod tests {
     #[test]
     fn what_cannot_be_tuned_is_refused() {
         let empty = plan_of(vec![Op::EmptyCache], 0);
-        let space = Space::from_specs(&[]).unwrap();
+        let default = || Space::from_specs(&[]).unwrap().candidates().unwrap();
         assert!(matches!(
-            search(&empty, &space, 64 * MIB, Objective::Reserved, &|_| {}),
+            search(&empty, default(), 64 * MIB, Objective::Reserved, &|_| {}),
             Err(TuneError::NoAllocations)
         ));
         let big = plan_of(vec![alloc(0, 100 * MIB)], 1);
-        let err = search(&big, &space, 64 * MIB, Objective::Reserved, &|_| {}).unwrap_err();
+        let err = search(&big, default(), 64 * MIB, Objective::Reserved, &|_| {}).unwrap_err();
         assert!(matches!(err, TuneError::LiveAboveCapacity { .. }));
         assert!(err.to_string().contains("100.00 MiB"), "{err}");
     }

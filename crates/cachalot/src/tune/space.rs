@@ -295,21 +295,25 @@ mod tests {
         assert!(!has("max_non_split_rounding_mb:64"));
     }
 
-    #[test]
-    fn specifications_make_a_product() {
-        let specs = [
-            "max_split_size_mb=default,64".to_string(),
-            "roundup_power2_divisions = 4, [256:1,>:4]".to_string(),
-        ];
-        let confs: Vec<String> = Space::from_specs(&specs)
+    /// The configuration strings a space of `specs` searches.
+    fn confs(specs: &[&str]) -> Vec<String> {
+        let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+        Space::from_specs(&specs)
             .unwrap()
             .candidates()
             .unwrap()
             .into_iter()
             .map(|c| c.source)
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn specifications_make_a_product() {
         assert_eq!(
-            confs,
+            confs(&[
+                "max_split_size_mb=default,64",
+                "roundup_power2_divisions = 4, [256:1,>:4]"
+            ]),
             [
                 "",
                 "roundup_power2_divisions:4",
@@ -318,15 +322,8 @@ mod tests {
                 "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4]",
             ]
         );
-        let cachalot = Space::from_specs(&["cachalot_reuse_slack=0,0.1".to_string()]).unwrap();
-        let confs: Vec<String> = cachalot
-            .candidates()
-            .unwrap()
-            .into_iter()
-            .map(|c| c.source)
-            .collect();
         assert_eq!(
-            confs,
+            confs(&["cachalot_reuse_slack=0,0.1"]),
             [
                 "",
                 "policy:cachalot,cachalot_reuse_slack:0",
