@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cachalot::history::{History, HistoryConfig};
-use cachalot::{AllocatorConfig, DeviceAllocator, DevicePtr, StreamId};
+use cachalot::{AllocatorConfig, DeviceAllocator, DevicePtr, Error, StreamId};
 
 use crate::error::{PluginError, PluginResult};
 use crate::streams::{KnownStreams, StreamRegistrar};
@@ -215,6 +215,14 @@ impl Registry {
         slot.note_stream(stream);
         slot.allocator
             .malloc(size, stream)
+            .map_err(|e| match e {
+                // The message PyTorch raises carries the breakdown.
+                Error::OutOfMemory(report) => {
+                    let breakdown = slot.allocator.oom_breakdown();
+                    Error::OutOfMemory(Box::new(report.with_breakdown(breakdown)))
+                }
+                other => other,
+            })
             .map_err(PluginError::allocator(index))
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{InvariantViolation, Result};
+use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -75,6 +75,13 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 
     /// Every segment and block (walks all state).
     fn snapshot(&self) -> MemorySnapshot;
+
+    /// Where the memory is now (walks all state): right after an out-of-memory
+    /// error, the breakdown to attach to its report with
+    /// [`OomReport::with_breakdown`](crate::OomReport::with_breakdown).
+    fn oom_breakdown(&self) -> OomBreakdown {
+        OomBreakdown::from_snapshot(&self.snapshot())
+    }
 
     /// Checks every invariant (walks all state).
     ///

@@ -80,8 +80,11 @@ impl fmt::Display for FreeError {
 /// message, so logs read the same; [`crate::report::oom::describe`] adds the
 /// breakdown and advice.
 ///
-/// Policies build it as a struct literal ending in `..OomReport::default()`,
-/// then attach what they know with [`OomReport::with_breakdown`].
+/// Policies fill the figures they keep as counters, so a failure costs no walk of
+/// their state (a program that retries after out-of-memory errors pays nothing
+/// per failure). Whoever shows the report attaches the breakdown, a walk of
+/// every block, with [`OomReport::with_breakdown`] and
+/// [`DeviceAllocator::oom_breakdown`](crate::DeviceAllocator::oom_breakdown).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OomReport {
     /// The device ordinal.
@@ -107,9 +110,9 @@ pub struct OomReport {
     pub config: String,
     /// The policy that ran out (the configuration string may not name it).
     pub policy: PolicyKind,
-    /// Where the memory is: live allocations by size, free blocks. Empty unless
-    /// the policy filled it in.
-    pub breakdown: OomBreakdown,
+    /// Where the memory is: live allocations by size, free blocks. `None` until
+    /// attached with [`OomReport::with_breakdown`].
+    pub breakdown: Option<OomBreakdown>,
 }
 
 /// Where a device's memory was when an allocation failed.
@@ -141,7 +144,7 @@ pub struct SizeBucket {
 impl OomReport {
     /// The report with `breakdown` attached.
     pub fn with_breakdown(mut self, breakdown: OomBreakdown) -> OomReport {
-        self.breakdown = breakdown;
+        self.breakdown = Some(breakdown);
         self
     }
 

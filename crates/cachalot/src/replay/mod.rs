@@ -311,7 +311,10 @@ fn drive(
                     }
                     Err(Error::OutOfMemory(report)) => {
                         tally.ooms += 1;
-                        tally.first_oom.get_or_insert(*report);
+                        if tally.first_oom.is_none() {
+                            let breakdown = allocator.oom_breakdown();
+                            tally.first_oom = Some(report.with_breakdown(breakdown));
+                        }
                         if stop_at_oom {
                             return Ok(tally);
                         }
@@ -367,6 +370,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{alloc, plan_of};
     use super::*;
+    use crate::PolicyKind;
 
     const MIB: u64 = 1 << 20;
 
@@ -424,5 +428,25 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, [2]);
+    }
+
+    #[test]
+    fn repeated_out_of_memory_failures_are_counted_and_the_first_explained() {
+        // 10,000 failures past a full device, under both policies: each is a
+        // counter, not a walk of the live blocks (the benchmark times 100,000).
+        for policy in [PolicyKind::Pytorch, PolicyKind::Cachalot] {
+            let ops: Vec<Op> = (0..10_064).map(|slot| alloc(slot, MIB)).collect();
+            let config = AllocatorConfig {
+                policy,
+                ..AllocatorConfig::default()
+            };
+            let r = replay(&plan_of(ops, 10_064), config, 64 * MIB, &mut |_| {}).unwrap();
+            assert_eq!((r.allocs, r.ooms), (64, 10_000), "{policy}");
+            assert_eq!(r.final_stats.num_ooms, 10_000, "{policy}");
+            let first = r.first_oom.expect("an out-of-memory error");
+            let breakdown = first.breakdown.expect("the first is explained");
+            let live: u64 = breakdown.live_by_size.iter().map(|b| b.count).sum();
+            assert_eq!(live, 64, "{policy}");
+        }
     }
 }

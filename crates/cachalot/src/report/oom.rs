@@ -1,9 +1,9 @@
 //! The out-of-memory report: PyTorch's message, then where the memory is and
 //! what to try.
 //!
-//! A policy that runs out fills an [`OomReport`] and attaches an
-//! [`OomBreakdown`] built from its blocks ([`OomBreakdown::from_snapshot`]);
-//! [`describe`] turns the report into the text `cachalot replay --capacity`
+//! A policy that runs out fills an [`OomReport`] from its counters; whoever shows
+//! it attaches an [`OomBreakdown`] built from the blocks
+//! ([`crate::DeviceAllocator::oom_breakdown`]); [`describe`] turns the report into the text `cachalot replay --capacity`
 //! prints, and [`advice`] gives the suggestions on their own.
 
 use std::fmt::{self, Write};
@@ -67,8 +67,8 @@ pub enum Advice {
     Fragmentation {
         /// Reserved bytes no allocation uses.
         reserved_unallocated: u64,
-        /// The largest free block.
-        largest_free_block: u64,
+        /// The largest free block, when the report has a breakdown.
+        largest_free_block: Option<u64>,
     },
     /// The memory fraction, not the device, is the limit.
     MemoryFraction {
@@ -87,13 +87,16 @@ pub enum Advice {
 impl fmt::Display for Advice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Advice::Fragmentation { reserved_unallocated, largest_free_block } => write!(
-                f,
-                "{} is reserved but unallocated and the largest free block is {}: memory is fragmented. \
-                 Try policy:cachalot or expandable_segments:True in PYTORCH_CUDA_ALLOC_CONF.",
-                format_size(reserved_unallocated),
-                format_size(largest_free_block),
-            ),
+            Advice::Fragmentation { reserved_unallocated, largest_free_block } => {
+                write!(f, "{} is reserved but unallocated", format_size(reserved_unallocated))?;
+                if let Some(largest) = largest_free_block {
+                    write!(f, " and the largest free block is {}", format_size(largest))?;
+                }
+                f.write_str(
+                    ": memory is fragmented. Try policy:cachalot or expandable_segments:True in \
+                     PYTORCH_CUDA_ALLOC_CONF.",
+                )
+            }
             Advice::MemoryFraction { allowed, capacity } => write!(
                 f,
                 "the memory fraction allows only {} of the device's {}: raise it \
@@ -121,7 +124,7 @@ pub fn advice(report: &OomReport) -> Vec<Advice> {
     if fragmented && !already_packed {
         out.push(Advice::Fragmentation {
             reserved_unallocated: unallocated,
-            largest_free_block: report.breakdown.largest_free_block,
+            largest_free_block: report.breakdown.as_ref().map(|b| b.largest_free_block),
         });
     }
     if let Some(allowed) = report.allowed.filter(|&a| a < report.capacity) {
@@ -139,57 +142,56 @@ pub fn advice(report: &OomReport) -> Vec<Advice> {
     out
 }
 
-/// PyTorch's message, the breakdown and the advice, as lines of text.
+/// PyTorch's message, the breakdown (when attached) and the advice, as lines of
+/// text.
 pub fn describe(report: &OomReport) -> String {
     let mut out = format!("{report}\n");
-    let b = &report.breakdown;
     let config = if report.config.is_empty() {
         "(defaults)"
     } else {
         report.config.as_str()
     };
-    let reserved = format!(
-        "{} in {} segments",
-        format_size(report.reserved),
-        b.segments
-    );
-    let rows = [
+    let mut rows = vec![
         ("requested:", format_size(report.requested)),
-        ("reserved:", reserved),
+        ("reserved:", format_size(report.reserved)),
         ("allocated:", format_size(report.allocated)),
         (
             "reserved but unallocated:",
             format_size(report.reserved_unallocated()),
         ),
-        (
+    ];
+    if let Some(b) = &report.breakdown {
+        rows[1].1 = format!("{} in {} segments", rows[1].1, b.segments);
+        rows.push((
             "of which non-releasable:",
             format_size(b.inactive_split_bytes),
-        ),
-        ("largest free block:", format_size(b.largest_free_block)),
-        (
-            "configuration:",
-            format!("{config}, {} policy", report.policy),
-        ),
-    ];
+        ));
+        rows.push(("largest free block:", format_size(b.largest_free_block)));
+    }
+    rows.push((
+        "configuration:",
+        format!("{config}, {} policy", report.policy),
+    ));
     // Writing to a String cannot fail.
     for (label, value) in rows {
         let _ = writeln!(out, "  {label:<29}{value}");
     }
-    if !b.live_by_size.is_empty() {
-        let _ = writeln!(out, "  live allocations by size:");
-        for bucket in &b.live_by_size {
-            let bound = if bucket.max_size == u64::MAX {
-                "larger".to_string()
-            } else {
-                format!("<= {}", format_size(bucket.max_size))
-            };
-            let _ = writeln!(
-                out,
-                "    {bound:>14}: {:>7} allocations, {}",
-                bucket.count,
-                format_size(bucket.bytes)
-            );
+    let live = report.breakdown.iter().flat_map(|b| &b.live_by_size);
+    for (i, bucket) in live.enumerate() {
+        if i == 0 {
+            let _ = writeln!(out, "  live allocations by size:");
         }
+        let bound = if bucket.max_size == u64::MAX {
+            "larger".to_string()
+        } else {
+            format!("<= {}", format_size(bucket.max_size))
+        };
+        let _ = writeln!(
+            out,
+            "    {bound:>14}: {:>7} allocations, {}",
+            bucket.count,
+            format_size(bucket.bytes)
+        );
     }
     for (i, a) in advice(report).iter().enumerate() {
         let _ = writeln!(out, "  advice {}: {a}", i + 1);
@@ -307,7 +309,7 @@ mod tests {
             a,
             [Advice::Fragmentation {
                 reserved_unallocated: (38 << 20) - 512,
-                largest_free_block: 18 << 20
+                largest_free_block: Some(18 << 20)
             }]
         );
         assert!(advice(&report("expandable_segments:True")).is_empty());
@@ -382,6 +384,31 @@ mod tests {
         );
         assert!(
             text.contains("advice 1: 38.00 MiB is reserved but unallocated"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn without_a_breakdown_no_figure_is_invented() {
+        let bare = OomReport {
+            breakdown: None,
+            ..report("")
+        };
+        let text = describe(&bare);
+        assert!(
+            text.contains("reserved:                    42.00 MiB\n"),
+            "{text}"
+        );
+        for absent in [
+            "largest free block",
+            "non-releasable",
+            "live allocations",
+            " in 0 segments",
+        ] {
+            assert!(!text.contains(absent), "{absent} in {text}");
+        }
+        assert!(
+            text.contains("advice 1: 38.00 MiB is reserved but unallocated: memory is fragmented"),
             "{text}"
         );
     }

@@ -137,9 +137,7 @@ use std::time::Instant;
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{
-    Error, FreeError, InvariantViolation, OomBreakdown, OomReport, Result, MAX_REQUEST,
-};
+use crate::error::{Error, FreeError, InvariantViolation, OomReport, Result, MAX_REQUEST};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::{MemoryStats, Stat, StatArray};
@@ -313,7 +311,7 @@ impl CachalotAllocator {
             stream: entry.stream,
             config: self.config.source.clone(),
             policy: PolicyKind::Cachalot,
-            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
+            breakdown: None,
         }))
     }
 }

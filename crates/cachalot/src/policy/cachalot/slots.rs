@@ -317,6 +317,10 @@ impl Slots {
 
     /// The next mapped slot without users after the hand, outside `keep`.
     pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
+        // A full heap (the out-of-memory path) answers without a scan.
+        if self.cached == 0 {
+            return None;
+        }
         let n = self.pages.len() as u32;
         let found = (0..n)
             .map(|i| (self.hand + i) % n)
@@ -327,6 +331,9 @@ impl Slots {
 
     /// Every mapped slot without users, by address.
     pub(crate) fn cached_slots(&self) -> Vec<u32> {
+        if self.cached == 0 {
+            return Vec::new();
+        }
         (0..self.pages.len() as u32)
             .filter(|s| self.is_cached(*s))
             .collect()

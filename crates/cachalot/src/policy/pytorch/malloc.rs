@@ -2,7 +2,7 @@
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
-use crate::error::{Error, OomBreakdown, OomReport, Result, MAX_REQUEST};
+use crate::error::{Error, OomReport, Result, MAX_REQUEST};
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -79,7 +79,7 @@ impl State {
             stream: req.stream,
             config: self.config_source.clone(),
             policy: PolicyKind::Pytorch,
-            breakdown: OomBreakdown::from_snapshot(&self.snapshot()),
+            breakdown: None,
         }))
     }
 }
