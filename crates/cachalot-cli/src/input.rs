@@ -2,22 +2,22 @@
 //! a PyTorch snapshot pickle or a cachalot JSON snapshot (the one `cachalot
 //! summary --json` writes), told apart by content, read and planned
 //! ([`load`]); for the report subcommands, replayed on a simulated device
-//! through a policy with a [`History`] recording every event ([`replay`]), so
-//! the reports show what that policy and configuration would do.
+//! through a policy with an observer of every event ([`replay`]), so the
+//! reports show what that policy and configuration would do.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use cachalot::allocator;
+use cachalot::allocator::{self, DeviceAllocator};
 use cachalot::backend::sim::SimBackend;
-use cachalot::history::{History, HistoryConfig};
+use cachalot::event::Observer;
 use cachalot::replay::{
     self, Plan, PlanError, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
     H100_CAPACITY,
 };
-use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
+use cachalot::snapshot_io::{self, SnapshotIoError};
 use cachalot::trace::{Origin, ReadLimits, Recording, TraceError};
-use cachalot::{AllocatorConfig, MemoryStats, PolicyKind};
+use cachalot::{AllocatorConfig, PolicyKind};
 use thiserror::Error;
 
 use crate::capacity::{self, CapacityError};
@@ -79,9 +79,6 @@ pub(crate) struct ReplayArgs {
     /// (80GiB, 24GB); default: the recorded device's (an H100 80GB when unknown).
     #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
-    /// Events the history keeps (the most recent ones).
-    #[arg(long, default_value_t = 1 << 22)]
-    max_events: usize,
     /// Of a snapshot of several devices, the device to replay.
     #[arg(long)]
     device: Option<usize>,
@@ -89,10 +86,8 @@ pub(crate) struct ReplayArgs {
 
 /// A replayed run.
 pub(crate) struct Run {
-    /// The allocator's final state and every recorded event.
-    pub(crate) dump: SnapshotDump,
-    /// Its statistics at the end.
-    pub(crate) stats: MemoryStats,
+    /// The allocator, in its state at the end.
+    pub(crate) allocator: Arc<dyn DeviceAllocator>,
     /// What the replay measured.
     pub(crate) report: ReplayReport,
 }
@@ -196,8 +191,13 @@ fn read_json(path: &Path) -> Result<(Recording, RecordedDevice), InputError> {
     Ok((recording, RecordedDevice::new(H100_CAPACITY, dump.config)))
 }
 
-/// Reads `path` and replays it as `args` say, recording its history.
-pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> {
+/// Reads `path` and replays it as `args` say, showing every event to
+/// `observer`, if any.
+pub(crate) fn replay(
+    path: &Path,
+    args: &ReplayArgs,
+    observer: Option<Arc<dyn Observer>>,
+) -> Result<Run, InputError> {
     let loaded = load(path, args.device)?;
     let config = loaded.config(args.conf.as_deref(), None)?;
     let capacity = args
@@ -212,23 +212,9 @@ pub(crate) fn replay(path: &Path, args: &ReplayArgs) -> Result<Run, InputError> 
         plan.recorded_segment_allocs.clone(),
     ));
     let allocator = allocator::create(backend, config)?;
-    let history = Arc::new(History::new(HistoryConfig {
-        capacity: args.max_events,
-        ..HistoryConfig::default()
-    }));
-    let report = replay::run_observed(
-        plan,
-        allocator.as_ref(),
-        &sim,
-        &mut |_| {},
-        Some(history.clone()),
-    )?;
+    let report = replay::run_observed(plan, allocator.as_ref(), &sim, &mut |_| {}, observer)?;
     print_first_oom(&report);
-    Ok(Run {
-        dump: SnapshotDump::capture(allocator.as_ref(), Some(&history)),
-        stats: allocator.stats(),
-        report,
-    })
+    Ok(Run { allocator, report })
 }
 
 /// Prints, on stderr, how often a replay ran out of memory and the first

@@ -4,8 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use cachalot::snapshot_io::{self, SnapshotIoError};
+use cachalot::event::Observer;
+use cachalot::history::{History, HistoryConfig};
+use cachalot::snapshot_io::{self, SnapshotDump, SnapshotIoError};
 use cachalot::summary::memory_summary_with;
 
 use crate::input::{self, ReplayArgs};
@@ -27,24 +30,49 @@ pub(crate) struct Args {
     /// Also write them as cachalot JSON (`docs/snapshot-schema.md`).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// The most events the snapshot files keep (the most recent ones, as
+    /// PyTorch's `max_entries`); the table counts every event.
+    #[arg(long, default_value_t = 1 << 22, value_name = "N")]
+    max_events: usize,
     #[command(flatten)]
     replay: ReplayArgs,
 }
 
 /// Runs the subcommand.
 pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
-    let run = input::replay(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
+    let files = args.pickle.is_some() || args.json.is_some();
+    let history = files.then(|| {
+        Arc::new(History::new(HistoryConfig {
+            capacity: args.max_events,
+            ..HistoryConfig::default()
+        }))
+    });
+    let observer = history.clone().map(|h| h as Arc<dyn Observer>);
+    let run =
+        input::replay(&args.input, &args.replay, observer).map_err(CliError::input(&args.input))?;
+    let device = run.allocator.backend().capabilities().device;
     out.line(run.describe())?;
     out.text(&memory_summary_with(
-        &run.stats,
-        run.dump.device,
+        &run.allocator.stats(),
+        device,
         args.abbreviated,
     ))?;
+    let Some(history) = history else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let dump = SnapshotDump::capture(run.allocator.as_ref(), Some(&history));
+    if history.dropped() > 0 {
+        eprintln!(
+            "note: the snapshot files keep the last {} of {} events (--max-events)",
+            dump.trace.len(),
+            dump.trace.len() as u64 + history.dropped()
+        );
+    }
     if let Some(path) = &args.pickle {
-        snapshot_io::pickle::write_file(&run.dump, path).map_err(write_failed(path))?;
+        snapshot_io::pickle::write_file(&dump, path).map_err(write_failed(path))?;
     }
     if let Some(path) = &args.json {
-        snapshot_io::json::write_file(&run.dump, path).map_err(write_failed(path))?;
+        snapshot_io::json::write_file(&dump, path).map_err(write_failed(path))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use cachalot::view::{self, PageInfo, Timeline};
+use cachalot::view::{self, PageInfo, TimelineRecorder};
 
 use crate::input::{self, ReplayArgs};
 use crate::output::Output;
@@ -24,13 +25,10 @@ pub(crate) struct Args {
 
 /// Runs the subcommand.
 pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
-    let run = input::replay(&args.input, &args.replay).map_err(CliError::input(&args.input))?;
-    let timeline = Timeline::from_records(
-        run.dump
-            .trace
-            .iter()
-            .map(|r| (&r.event, r.frames.as_slice())),
-    );
+    let recorder = Arc::new(TimelineRecorder::new());
+    let run = input::replay(&args.input, &args.replay, Some(recorder.clone()))
+        .map_err(CliError::input(&args.input))?;
+    let timeline = recorder.finish();
     let title = args.input.file_name().map_or_else(
         || "memory".to_string(),
         |n| n.to_string_lossy().into_owned(),

@@ -160,7 +160,7 @@ fn largest_trace_draws_every_allocation() {
     let tip = dom.split("id=\"tip\"").nth(1).expect("the tooltip element");
     let head: String = tip.chars().take(200).collect();
     assert!(
-        tip.contains("display: block") && head.contains("allocation #"),
+        tip.contains("display: block") && head.contains("allocation 0x"),
         "hover details shown: {head}"
     );
     assert!(
@@ -198,4 +198,98 @@ fn snapshot_pickle_and_expandable_segments_draw() {
         "gpt2_train_expandable",
         &["--conf", "expandable_segments:True"],
     );
+}
+
+/// A training-like trace of `events` events: rounds of a hundred activations
+/// (one in ten on a side stream), each with a short-lived temporary, freed in
+/// reverse order.
+fn synthetic_trace(path: &Path, events: usize) {
+    use std::io::Write;
+    let file = std::fs::File::create(path).expect("can write the trace");
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "time_us,action,addr,size,stream").expect("writes");
+    let sizes = [512u64, 4096, 1 << 20, 3 << 20, 16 << 20, 48 << 20, 96 << 20];
+    let mut seed = 7u64;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let (mut addr, mut time, mut written) = (1u64 << 40, 1_700_000_000_000_000u64, 0);
+    while written < events {
+        let mut activations = Vec::with_capacity(100);
+        for _ in 0..100 {
+            let size = sizes[next(sizes.len() as u64) as usize];
+            let stream = if next(10) == 0 { 7 } else { 0 };
+            writeln!(out, "{time},alloc,{addr},{size},{stream}").expect("writes");
+            activations.push((addr, size, stream));
+            addr += size + 512;
+            let temp = sizes[next(3) as usize * 2];
+            writeln!(out, "{time},alloc,{addr},{temp},0").expect("writes");
+            writeln!(out, "{},free_completed,{addr},{temp},0", time + 1).expect("writes");
+            addr += temp + 512;
+            time += 3;
+            written += 3;
+        }
+        for (a, size, stream) in activations.into_iter().rev() {
+            writeln!(out, "{time},free_completed,{a},{size},{stream}").expect("writes");
+            time += 2;
+            written += 1;
+        }
+    }
+    out.flush().expect("writes");
+}
+
+#[test]
+fn a_five_million_event_trace_shows_the_exact_peaks_and_renders_quickly() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("synthetic.csv");
+    synthetic_trace(&trace, 5_000_000);
+    let trace = trace.to_str().expect("utf-8 path");
+    let replay = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["replay", trace, "--json"])
+        .output()
+        .expect("cachalot runs");
+    assert!(replay.status.success(), "replay runs");
+    let replay: serde_json::Value = serde_json::from_slice(&replay.stdout).expect("JSON");
+    let requested = replay["peak_requested_bytes"].as_u64().expect("a peak");
+    let reserved = replay["peak_reserved_bytes"].as_u64().expect("a peak");
+    assert!(reserved > 1 << 30, "the trace holds gigabytes: {reserved}");
+
+    let page = out_dir().join("synthetic_5m.html");
+    let view = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+        .args(["view", trace, "-o"])
+        .arg(&page)
+        .output()
+        .expect("cachalot runs");
+    assert!(view.status.success(), "view runs");
+    let line = String::from_utf8_lossy(&view.stdout);
+    assert!(
+        line.contains(&format!("peak active {requested} bytes"))
+            && line.contains(&format!("peak reserved {reserved} bytes")),
+        "view prints replay's peaks: {line}"
+    );
+    let size = std::fs::metadata(&page).expect("the page").len();
+    assert!(size < 16 << 20, "the page stays small: {size} bytes");
+
+    let Some(chromium) = chromium() else {
+        eprintln!("SKIPPED: no chromium on PATH; the 5M-event page was not opened");
+        return;
+    };
+    let profile = tempfile::tempdir().expect("a profile directory");
+    let url = format!("file://{}", page.canonicalize().expect("page").display());
+    let dom = browser(&chromium, profile.path())
+        .arg("--dump-dom")
+        .arg(&url)
+        .output()
+        .expect("chromium runs");
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert_eq!(attribute(&dom, "data-peak-active"), Some(requested));
+    assert_eq!(attribute(&dom, "data-peak-reserved"), Some(reserved));
+    assert_eq!(attribute(&dom, "data-total-allocations"), Some(2_500_000));
+    assert!(attribute(&dom, "data-drawn-allocations").is_some_and(|n| n > 1000));
+    let ms = attribute(&dom, "data-render-ms").expect("the page timed itself");
+    eprintln!("synthetic 5M events: page of {size} bytes drawn in {ms} ms");
+    assert!(ms < 2_000, "the page renders in under 2 s: {ms} ms");
 }

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod workload;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -132,17 +133,26 @@ fn stats_by_key<S: Serializer>(stats: &MemoryStats, out: S) -> Result<S::Ok, S::
 }
 
 /// Collects the sizes of the segments an allocator obtains, and passes every
-/// event on to `also` (a history recorder, say).
+/// event on to `also` (a history recorder, say), stamped with the recorded time
+/// of the plan's call that caused it when the plan has times.
 #[derive(Default)]
 struct SegmentLog {
     sizes: Mutex<Vec<u64>>,
     also: Option<Arc<dyn Observer>>,
+    /// The recorded time of the call being replayed, when the plan has times.
+    clock: Option<AtomicU64>,
 }
 
 impl Observer for SegmentLog {
     fn on_event(&self, event: &TraceEvent) {
         if let Some(also) = &self.also {
-            also.on_event(event);
+            match &self.clock {
+                Some(clock) => also.on_event(&TraceEvent {
+                    time_us: clock.load(Ordering::Relaxed),
+                    ..*event
+                }),
+                None => also.on_event(event),
+            }
         }
         if matches!(event.action, Action::SegmentAlloc | Action::SegmentMap) {
             self.sizes
@@ -152,9 +162,9 @@ impl Observer for SegmentLog {
         }
     }
 
-    /// Segment sizes need no time: only the observer passed on to may.
+    /// Segment sizes need no time, and recorded times replace the allocator's.
     fn wants_time(&self) -> bool {
-        self.also.as_ref().is_some_and(|a| a.wants_time())
+        self.clock.is_none() && self.also.as_ref().is_some_and(|a| a.wants_time())
     }
 
     /// Segment allocations and maps, and whatever the observer passed on to wants.
@@ -222,13 +232,16 @@ pub fn run_observed(
     progress: &mut dyn FnMut(usize),
     observer: Option<Arc<dyn Observer>>,
 ) -> Result<ReplayReport, ReplayError> {
+    let restamp = observer.is_some() && plan.times_us.len() == plan.ops.len();
     let log = Arc::new(SegmentLog {
         sizes: Mutex::default(),
         also: observer,
+        clock: restamp.then(AtomicU64::default),
     });
     allocator.set_observer(Some(log.clone()));
     let start = Instant::now();
-    let result = drive(plan, allocator, progress, false);
+    let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
+    let result = drive(plan, allocator, progress, false, clock);
     let elapsed = start.elapsed();
     allocator.set_observer(None);
     let tally = result?;
@@ -276,16 +289,18 @@ pub fn fits(plan: &Plan, config: AllocatorConfig, capacity: u64) -> Result<bool,
         plan.recorded_segment_allocs.clone(),
     ));
     let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
-    Ok(drive(plan, allocator.as_ref(), &mut |_| {}, true)?.ooms == 0)
+    Ok(drive(plan, allocator.as_ref(), &mut |_| {}, true, None)?.ooms == 0)
 }
 
 /// The replay loop; with `stop_at_oom`, it ends at the first allocation that
-/// runs out of memory.
+/// runs out of memory; with a `clock`, it sets it to each op's recorded time
+/// before the op.
 fn drive(
     plan: &Plan,
     allocator: &dyn DeviceAllocator,
     progress: &mut dyn FnMut(usize),
     stop_at_oom: bool,
+    clock: Option<(&AtomicU64, &[u64])>,
 ) -> Result<Tally, ReplayError> {
     // Each slot's pointer; 0 for a slot not allocated (or skipped after an OOM),
     // whose free is then a no-op, as freeing the null address is.
@@ -294,6 +309,9 @@ fn drive(
     for (i, op) in plan.ops.iter().enumerate() {
         if i % PROGRESS_EVERY == 0 && i > 0 {
             progress(i);
+        }
+        if let Some((clock, times)) = clock {
+            clock.store(times[i], Ordering::Relaxed);
         }
         let fail = |source: Error| ReplayError::Allocator { op: i, source };
         let bad_slot = |slot: u32| ReplayError::BadSlot {

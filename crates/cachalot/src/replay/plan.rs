@@ -141,6 +141,11 @@ impl RecordedDevice {
 pub struct Plan {
     /// The calls, in order.
     pub ops: Vec<Op>,
+    /// The recorded time of each call's event, in microseconds (as the
+    /// recording's clock reads; empty for a plan built by hand). A replay stamps
+    /// the events of each call with it, so what it records reads in the
+    /// recording's time, not the replay's.
+    pub times_us: Vec<u64>,
     /// Number of slots (recorded allocations).
     pub slots: usize,
     /// Number of recorded events.
@@ -183,30 +188,24 @@ pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, Plan
             Action::SegmentFree | Action::SegmentUnmap => {
                 let run_start = i == 0 || !is_release(events[i - 1].action);
                 if run_start && !released_by_policy(events, i, builder.reserved, pressure) {
-                    builder.ops.push(Op::EmptyCache);
+                    builder.push(Op::EmptyCache, e);
                 }
                 builder.reserved = builder.reserved.saturating_sub(e.size);
             }
             Action::Oom | Action::Snapshot => {}
         }
     }
-    // Drop the request-time frees that a completion superseded.
-    let mut ops = builder.ops;
-    let mut blanked = builder.blanked;
-    blanked.sort_unstable();
-    let mut kept = blanked.into_iter().peekable();
-    let mut index = 0;
-    ops.retain(|_| {
-        let drop = kept.next_if_eq(&index).is_some();
-        index += 1;
-        !drop
-    });
+    let slots = builder.next_slot as usize;
+    let recorded_segment_sizes = std::mem::take(&mut builder.segment_sizes);
+    let recorded_segment_allocs = std::mem::take(&mut builder.segment_allocs);
+    let (ops, times_us) = builder.kept_ops();
     Ok(Plan {
         ops,
-        slots: builder.next_slot as usize,
+        times_us,
+        slots,
         events: events.len(),
-        recorded_segment_sizes: builder.segment_sizes,
-        recorded_segment_allocs: builder.segment_allocs,
+        recorded_segment_sizes,
+        recorded_segment_allocs,
     })
 }
 
@@ -234,6 +233,8 @@ fn released_by_policy(events: &[TraceEvent], start: usize, reserved: u64, pressu
 #[derive(Default)]
 struct Builder {
     ops: Vec<Op>,
+    /// The recorded time of each op's event.
+    times_us: Vec<u64>,
     live: HashMap<u64, Live>,
     next_slot: u32,
     /// Op indices of request-time frees superseded by their completion.
@@ -244,6 +245,27 @@ struct Builder {
 }
 
 impl Builder {
+    fn push(&mut self, op: Op, e: &TraceEvent) {
+        self.ops.push(op);
+        self.times_us.push(e.time_us);
+    }
+
+    /// The ops and their times without the request-time frees that a
+    /// completion superseded.
+    fn kept_ops(mut self) -> (Vec<Op>, Vec<u64>) {
+        self.blanked.sort_unstable();
+        let mut blanked = self.blanked.into_iter().peekable();
+        let (ops, times) = self
+            .ops
+            .into_iter()
+            .zip(self.times_us)
+            .enumerate()
+            .filter(|(i, _)| blanked.next_if_eq(i).is_none())
+            .map(|(_, pair)| pair)
+            .unzip();
+        (ops, times)
+    }
+
     fn alloc(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
         if let Some(old) = self.live.get(&e.addr) {
             if old.requested_at.is_none() {
@@ -259,11 +281,12 @@ impl Builder {
         self.next_slot = slot
             .checked_add(1)
             .ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
-        self.ops.push(Op::Alloc {
+        let op = Op::Alloc {
             slot,
             size: e.size,
             stream: e.stream,
-        });
+        };
+        self.push(op, e);
         self.live.insert(
             e.addr,
             Live {
@@ -281,7 +304,8 @@ impl Builder {
             return Err(unknown);
         }
         live.requested_at = Some(self.ops.len());
-        self.ops.push(Op::Free { slot: live.slot });
+        let op = Op::Free { slot: live.slot };
+        self.push(op, e);
         Ok(())
     }
 
@@ -293,7 +317,7 @@ impl Builder {
         if let Some(at) = live.requested_at {
             self.blanked.push(at);
         }
-        self.ops.push(Op::Free { slot: live.slot });
+        self.push(Op::Free { slot: live.slot }, e);
         Ok(())
     }
 }

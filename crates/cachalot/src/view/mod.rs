@@ -1,28 +1,48 @@
 //! The memory page: one self-contained HTML file (inline script, style and
-//! data; no network) that shows a run's memory.
+//! data; no network) that shows a run's memory, exact at any length.
 //!
-//! * Active memory over time, stacked by allocation (each allocation a band,
-//!   in allocation order), with details on hover; reserved memory as a line.
-//! * The peak of active memory marked, with the allocations live at it.
+//! * Active memory over time: every allocation, or in a run of more than
+//!   [`MAX_DRAWN`] the largest of each of [`STRETCHES`] stretches and of those
+//!   live at the peak, each as a band, stacked in allocation order, with
+//!   details on hover; behind them, all active memory as an area; reserved
+//!   memory as a line.
+//! * The peak of active memory marked, with the largest allocations live at it.
 //! * The segment and page map at a time chosen with a slider: each segment (or
 //!   mapped range) as a row of 2 MiB pages shaded by how full they are.
 //!
-//! The page computes each band's outline once at load and draws on canvases;
-//! outlines are thinned to one point per pixel column, so traces of tens of
-//! thousands of events stay responsive. When drawing is done it sets
-//! `data-drawn-allocations` (and `data-drawn-segments`) on `<body>`, which the
-//! browser test reads.
+//! A run of any length fits: the events are summarized in at most [`COLUMNS`]
+//! columns ([`Timeline::columns`]), each with the most memory held inside it and
+//! what was held after its last event, so the peaks drawn and printed are the
+//! exact ones; up to [`COLUMNS`] events each column is one event. The slider
+//! moves from column end to column end, where every figure it shows is exact.
+//! Times are the recorded clock's. The page says when it draws only the
+//! largest allocations.
+//!
+//! When drawing is done the page sets `data-drawn-allocations`,
+//! `data-total-allocations`, `data-peak-active`, `data-peak-reserved`,
+//! `data-peak-allocations`, `data-drawn-segments` and `data-render-ms` on
+//! `<body>`, which the browser test reads.
 
 pub mod timeline;
 
 use serde::Serialize;
 
-pub use timeline::Timeline;
-use timeline::STILL_LIVE;
+use timeline::{AllocSpan, STILL_LIVE};
+pub use timeline::{Timeline, TimelineRecorder};
 
 const TEMPLATE: &str = include_str!("page.html");
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
+
+/// The most allocations drawn one by one (the largest); the others show in the
+/// area of all active memory behind them.
+pub const MAX_DRAWN: usize = 20_000;
+/// The stretches of events each of which has its largest allocations drawn.
+pub const STRETCHES: usize = 500;
+/// The most columns the events are summarized in.
+pub const COLUMNS: usize = 1 << 15;
+/// The most allocations listed in the table of the peak.
+pub const PEAK_ROWS: usize = 200;
 
 /// Words shown above the charts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,17 +59,23 @@ struct PageData<'a> {
     title: &'a str,
     subtitle: &'a str,
     events: usize,
-    /// Microseconds since the first event, per event.
-    times: Vec<u64>,
-    /// `[addr, size, stream, start, end, stack]` per allocation; `end` and
-    /// `stack` are -1 when absent.
+    /// Allocations in the run (drawn or not).
+    allocations: usize,
+    /// `[last event, microseconds since the first event, active max, active at
+    /// the end, reserved max, reserved at the end]` per column.
+    columns: Vec<u64>,
+    /// `[addr, size, stream, start, end, stack]` per drawn allocation, in
+    /// allocation order; `end` and `stack` are -1 when absent.
     allocs: Vec<i64>,
     /// `[addr, size, start, end, mapped]` per chunk.
     chunks: Vec<i64>,
-    /// `[event index, reserved bytes]` per change.
-    reserved: Vec<u64>,
     peak_index: u32,
     peak_bytes: u64,
+    peak_reserved: u64,
+    /// Allocations live at the peak.
+    peak_live: usize,
+    /// The largest of them, as `allocs`.
+    peak_rows: Vec<i64>,
     ooms: &'a [u32],
     stacks: &'a [Vec<String>],
 }
@@ -62,19 +88,31 @@ fn end_or_minus_one(end: u32) -> i64 {
     }
 }
 
+fn alloc_numbers(a: &AllocSpan) -> [i64; 6] {
+    [
+        a.addr as i64,
+        a.size as i64,
+        a.stream as i64,
+        a.start.into(),
+        end_or_minus_one(a.end),
+        a.stack.map_or(-1, i64::from),
+    ]
+}
+
 fn page_data<'a>(t: &'a Timeline, info: &'a PageInfo) -> PageData<'a> {
     let t0 = t.times_us.first().copied().unwrap_or(0);
-    let allocs = t.allocs.iter().flat_map(|a| {
-        let stack = a.stack.map_or(-1, i64::from);
+    let columns = t.columns(COLUMNS).into_iter().flat_map(|c| {
         [
-            a.addr as i64,
-            a.size as i64,
-            a.stream as i64,
-            a.start.into(),
-            end_or_minus_one(a.end),
-            stack,
+            u64::from(c.last),
+            c.time_us.saturating_sub(t0),
+            c.active_max,
+            c.active_end,
+            c.reserved_max,
+            c.reserved_end,
         ]
     });
+    let drawn = t.drawn(MAX_DRAWN, STRETCHES);
+    let allocs = drawn.iter().flat_map(|&k| alloc_numbers(&t.allocs[k]));
     let chunks = t.chunks.iter().flat_map(|c| {
         [
             c.addr as i64,
@@ -84,20 +122,26 @@ fn page_data<'a>(t: &'a Timeline, info: &'a PageInfo) -> PageData<'a> {
             i64::from(c.mapped),
         ]
     });
+    let mut at_peak: Vec<&AllocSpan> = t.live_at(t.peak_index).collect();
+    let peak_live = at_peak.len();
+    at_peak.sort_by_key(|a| std::cmp::Reverse(a.size));
     PageData {
         title: &info.title,
         subtitle: &info.subtitle,
         events: t.times_us.len(),
-        times: t.times_us.iter().map(|&x| x.saturating_sub(t0)).collect(),
+        allocations: t.allocs.len(),
+        columns: columns.collect(),
         allocs: allocs.collect(),
         chunks: chunks.collect(),
-        reserved: t
-            .reserved
-            .iter()
-            .flat_map(|&(i, r)| [u64::from(i), r])
-            .collect(),
         peak_index: t.peak_index,
         peak_bytes: t.peak_bytes,
+        peak_reserved: t.peak_reserved(),
+        peak_live,
+        peak_rows: at_peak
+            .into_iter()
+            .take(PEAK_ROWS)
+            .flat_map(alloc_numbers)
+            .collect(),
         ooms: &t.ooms,
         stacks: &t.stacks,
     }

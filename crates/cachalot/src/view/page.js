@@ -1,6 +1,7 @@
 "use strict";
 // cachalot memory page. Reads the JSON in #data (see view/mod.rs for its
-// layout), computes each allocation's band once, draws on canvases.
+// layout): the events summarized in columns, the largest allocations, the
+// segments. Computes each drawn allocation's band once, draws on canvases.
 (function () {
   const started = performance.now();
   const D = JSON.parse(document.getElementById("data").textContent);
@@ -10,15 +11,28 @@
                    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 
   // ---- data, unpacked into typed arrays -------------------------------------
-  const nA = D.allocs.length / 6;
-  const aAddr = new Float64Array(nA), aSize = new Float64Array(nA), aStream = new Float64Array(nA);
-  const aStart = new Int32Array(nA), aEnd = new Int32Array(nA), aStack = new Int32Array(nA);
-  for (let k = 0; k < nA; k++) {
-    const o = 6 * k;
-    aAddr[k] = D.allocs[o]; aSize[k] = D.allocs[o + 1]; aStream[k] = D.allocs[o + 2];
-    aStart[k] = D.allocs[o + 3]; aEnd[k] = D.allocs[o + 4] < 0 ? N : D.allocs[o + 4];
-    aStack[k] = D.allocs[o + 5];
+  const nCol = D.columns.length / 6;
+  const cLast = new Float64Array(nCol), cTime = new Float64Array(nCol), cAMax = new Float64Array(nCol);
+  const cAEnd = new Float64Array(nCol), cRMax = new Float64Array(nCol), cREnd = new Float64Array(nCol);
+  for (let c = 0; c < nCol; c++) {
+    const o = 6 * c;
+    cLast[c] = D.columns[o]; cTime[c] = D.columns[o + 1]; cAMax[c] = D.columns[o + 2];
+    cAEnd[c] = D.columns[o + 3]; cRMax[c] = D.columns[o + 4]; cREnd[c] = D.columns[o + 5];
   }
+  // One column per event: every figure at every event is exact.
+  const perEvent = nCol === D.events;
+  const unpackAllocs = (flat) => {
+    const n = flat.length / 6, a = { n: n, addr: new Float64Array(n), size: new Float64Array(n), stream: new Float64Array(n),
+                                      start: new Int32Array(n), end: new Int32Array(n), stack: new Int32Array(n) };
+    for (let k = 0; k < n; k++) {
+      const o = 6 * k;
+      a.addr[k] = flat[o]; a.size[k] = flat[o + 1]; a.stream[k] = flat[o + 2];
+      a.start[k] = flat[o + 3]; a.end[k] = flat[o + 4] < 0 ? N : flat[o + 4]; a.stack[k] = flat[o + 5];
+    }
+    return a;
+  };
+  const A = unpackAllocs(D.allocs), nA = A.n;
+  const allDrawn = nA === D.allocations;
   const nC = D.chunks.length / 5;
   const chunks = [];
   for (let k = 0; k < nC; k++) {
@@ -26,9 +40,6 @@
     chunks.push({ addr: D.chunks[o], size: D.chunks[o + 1], start: D.chunks[o + 2],
                   end: D.chunks[o + 3] < 0 ? N : D.chunks[o + 3], mapped: D.chunks[o + 4] === 1 });
   }
-  const rIdx = [], rVal = [];
-  for (let k = 0; k < D.reserved.length; k += 2) { rIdx.push(D.reserved[k]); rVal.push(D.reserved[k + 1]); }
-  const peakReserved = rVal.reduce((m, v) => Math.max(m, v), 0);
 
   // ---- formatting --------------------------------------------------------
   const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -38,58 +49,61 @@
     return (u === 0 ? b.toFixed(0) : b.toFixed(b < 10 ? 2 : 1)) + " " + UNITS[u];
   }
   const hex = (a) => "0x" + a.toString(16);
-  function fmtTime(i) {
-    const us = D.times[Math.min(Math.max(i, 0), D.times.length - 1)] || 0;
+  // The column holding event t.
+  function colOf(t) {
+    let lo = 0, hi = nCol - 1;
+    while (lo < hi) { const m = (lo + hi) >> 1; if (cLast[m] < t) lo = m + 1; else hi = m; }
+    return lo;
+  }
+  function fmtUs(us) {
     return us >= 1e6 ? (us / 1e6).toFixed(3) + " s" : (us / 1e3).toFixed(2) + " ms";
   }
-  function stackLines(k, max) {
-    if (aStack[k] < 0) return [];
-    const s = D.stacks[aStack[k]] || [];
-    return s.slice(0, max);
+  // The recorded time of event t (of its column's last event when columns hold several).
+  function fmtTime(t) {
+    if (!nCol) return "0 ms";
+    const c = colOf(t);
+    return (perEvent || cLast[c] === t ? "" : "about ") + fmtUs(cTime[c]);
   }
-  function reservedAt(t) {
-    let lo = 0, hi = rIdx.length;
-    while (lo < hi) { const m = (lo + hi) >> 1; if (rIdx[m] <= t) lo = m + 1; else hi = m; }
-    return lo === 0 ? 0 : rVal[lo - 1];
+  function stackLines(stack, max) {
+    if (stack < 0) return [];
+    return (D.stacks[stack] || []).slice(0, max);
   }
-  // First allocation index with start > t (allocations are in start order).
+  // First drawn allocation with start > t (allocations are in start order).
   function allocsBefore(t) {
     let lo = 0, hi = nA;
-    while (lo < hi) { const m = (lo + hi) >> 1; if (aStart[m] <= t) lo = m + 1; else hi = m; }
+    while (lo < hi) { const m = (lo + hi) >> 1; if (A.start[m] <= t) lo = m + 1; else hi = m; }
     return lo;
   }
 
-  // ---- bands: each allocation's lower edge as steps (t, offset) -----------
-  // Offsets stack live allocations in allocation order; freeing one moves every
-  // newer live allocation down by its size.
+  // ---- bands: each drawn allocation's lower edge as steps (t, offset) -------
+  // Offsets stack the live drawn allocations in allocation order; freeing one
+  // moves every newer live one down by its size.
   const ptsT = new Array(nA), ptsY = new Array(nA);
   (function stack() {
-    const endsAt = new Map();
-    for (let k = 0; k < nA; k++) {
-      if (aEnd[k] < N) { const l = endsAt.get(aEnd[k]); if (l) l.push(k); else endsAt.set(aEnd[k], [k]); }
-    }
+    const ends = [];
+    for (let k = 0; k < nA; k++) if (A.end[k] < N) ends.push(k);
+    ends.sort((a, b) => A.end[a] - A.end[b] || a - b);
     const order = [], off = new Float64Array(nA);
-    let total = 0, next = 0;
-    for (let t = 0; t < N && (next < nA || order.length); t++) {
-      const ends = endsAt.get(t);
-      if (ends) {
-        for (const k of ends) {
-          let lo = 0, hi = order.length;
-          while (lo < hi) { const m = (lo + hi) >> 1; if (order[m] < k) lo = m + 1; else hi = m; }
-          if (order[lo] !== k) continue;
-          for (let j = lo + 1; j < order.length; j++) {
-            const q = order[j];
-            off[q] -= aSize[k];
-            ptsT[q].push(t); ptsY[q].push(off[q]);
-          }
-          order.splice(lo, 1);
-          total -= aSize[k];
+    let total = 0, next = 0, e = 0;
+    while (next < nA || e < ends.length) {
+      const t = Math.min(next < nA ? A.start[next] : N, e < ends.length ? A.end[ends[e]] : N);
+      for (; e < ends.length && A.end[ends[e]] === t; e++) {
+        const k = ends[e];
+        let lo = 0, hi = order.length;
+        while (lo < hi) { const m = (lo + hi) >> 1; if (order[m] < k) lo = m + 1; else hi = m; }
+        if (order[lo] !== k) continue;
+        for (let j = lo + 1; j < order.length; j++) {
+          const q = order[j];
+          off[q] -= A.size[k];
+          ptsT[q].push(t); ptsY[q].push(off[q]);
         }
+        order.splice(lo, 1);
+        total -= A.size[k];
       }
-      while (next < nA && aStart[next] === t) {
-        off[next] = total; total += aSize[next];
+      for (; next < nA && A.start[next] === t; next++) {
+        off[next] = total; total += A.size[next];
         ptsT[next] = [t]; ptsY[next] = [off[next]];
-        order.push(next); next++;
+        order.push(next);
       }
     }
   })();
@@ -99,7 +113,7 @@
   const W = Math.max(640, Math.min(document.documentElement.clientWidth - 48, 2400));
   const H = 420, M = { l: 78, r: 16, t: 18, b: 34 };
   const PW = W - M.l - M.r, PH = H - M.t - M.b;
-  const yMax = Math.max(peakReserved, D.peak_bytes, 1) * 1.06;
+  const yMax = Math.max(D.peak_reserved, D.peak_bytes, 1) * 1.06;
   const X = (t) => M.l + (t / N) * PW;
   const Y = (b) => M.t + PH - (b / yMax) * PH;
 
@@ -121,7 +135,7 @@
       if (xs.length && xs[xs.length - 1] === x) ys[ys.length - 1] = Yk[j];
       else { xs.push(x); ys.push(Yk[j]); }
     }
-    const xEnd = Math.max(Math.round(X(aEnd[k])), xs[0] + 1), h = aSize[k];
+    const xEnd = Math.max(Math.round(X(A.end[k])), xs[0] + 1), h = A.size[k];
     const p = new Path2D();
     p.moveTo(xs[0], Y(ys[0]));
     for (let j = 1; j < xs.length; j++) { p.lineTo(xs[j], Y(ys[j - 1])); p.lineTo(xs[j], Y(ys[j])); }
@@ -133,6 +147,18 @@
     return p;
   }
 
+  // A column series as a step outline, one step per pixel column (the largest
+  // value inside it, so no peak is lost).
+  function stepsOf(values) {
+    const xs = [], ys = [];
+    for (let c = 0; c < nCol; c++) {
+      const x0 = Math.round(X(c === 0 ? 0 : cLast[c - 1] + 1));
+      if (xs.length && xs[xs.length - 1] === x0) ys[ys.length - 1] = Math.max(ys[ys.length - 1], values[c]);
+      else { xs.push(x0); ys.push(values[c]); }
+    }
+    return { xs: xs, ys: ys };
+  }
+
   function niceStep(raw) {
     const p = Math.pow(10, Math.floor(Math.log10(raw)));
     for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= raw) return m * p;
@@ -140,7 +166,7 @@
   }
 
   function drawAxes(ctx) {
-    ctx.strokeStyle = "#d1d5db"; ctx.fillStyle = "#4b5563"; ctx.lineWidth = 1;
+    ctx.strokeStyle = "#e5e7eb"; ctx.fillStyle = "#4b5563"; ctx.lineWidth = 1;
     ctx.font = "11px system-ui, sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
     let u = 0; while (yMax / Math.pow(1024, u + 1) >= 1 && u < UNITS.length - 1) u++;
     const unit = Math.pow(1024, u), step = niceStep(yMax / unit / 6) * unit;
@@ -157,7 +183,8 @@
       ctx.fillText(String(t), x, M.t + PH + 6);
     }
     ctx.textAlign = "left";
-    ctx.fillText("event index (" + fmtTime(N - 1) + " from first to last event)", M.l, M.t + PH + 20);
+    const span = nCol ? fmtUs(cTime[nCol - 1]) : "0 ms";
+    ctx.fillText("event index (" + span + " from first to last event, recorded time)", M.l, M.t + PH + 20);
   }
 
   // ---- the timeline ----------------------------------------------------------
@@ -167,6 +194,11 @@
   function drawChart() {
     cctx.fillStyle = "#ffffff"; cctx.fillRect(0, 0, W, H);
     drawAxes(cctx);
+    // All active memory, behind the drawn allocations.
+    const env = stepsOf(cAMax);
+    cctx.fillStyle = "#d1d5db"; cctx.beginPath(); cctx.moveTo(X(0), Y(0));
+    for (let j = 0; j < env.xs.length; j++) { cctx.lineTo(env.xs[j], Y(j ? env.ys[j - 1] : 0)); cctx.lineTo(env.xs[j], Y(env.ys[j])); }
+    cctx.lineTo(X(N), Y(env.ys.length ? env.ys[env.ys.length - 1] : 0)); cctx.lineTo(X(N), Y(0)); cctx.closePath(); cctx.fill();
     for (let k = 0; k < nA; k++) {
       const p = bandPath(k);
       if (!p) continue;
@@ -175,10 +207,10 @@
       drawn++;
     }
     // Reserved memory as a stepped line.
-    cctx.strokeStyle = "#111827"; cctx.lineWidth = 1.5; cctx.beginPath();
-    let prev = 0; cctx.moveTo(X(0), Y(0));
-    for (let j = 0; j < rIdx.length; j++) { cctx.lineTo(X(rIdx[j]), Y(prev)); cctx.lineTo(X(rIdx[j]), Y(rVal[j])); prev = rVal[j]; }
-    cctx.lineTo(X(N), Y(prev)); cctx.stroke();
+    const res = stepsOf(cRMax);
+    cctx.strokeStyle = "#111827"; cctx.lineWidth = 1.5; cctx.beginPath(); cctx.moveTo(X(0), Y(0));
+    for (let j = 0; j < res.xs.length; j++) { cctx.lineTo(res.xs[j], Y(j ? res.ys[j - 1] : 0)); cctx.lineTo(res.xs[j], Y(res.ys[j])); }
+    cctx.lineTo(X(N), Y(res.ys.length ? res.ys[res.ys.length - 1] : 0)); cctx.stroke();
     // The peak of active memory.
     const px = Math.round(X(D.peak_index)) + 0.5;
     cctx.strokeStyle = "#d62728"; cctx.lineWidth = 1.5; cctx.setLineDash([4, 3]);
@@ -193,20 +225,20 @@
   }
 
   const tip = document.getElementById("tip");
-  let mapTime = D.peak_index;
-  // The allocation under (t, bytes): walk the live ones in stacking order.
+  // The drawn allocation under (t, bytes): walk the live ones in stacking order.
   function allocAt(t, bytes) {
     let off = 0;
     for (let k = 0, n = allocsBefore(t); k < n; k++) {
-      if (aEnd[k] <= t) continue;
-      if (bytes >= off && bytes < off + aSize[k]) return k;
-      off += aSize[k];
+      if (A.end[k] <= t) continue;
+      if (bytes >= off && bytes < off + A.size[k]) return k;
+      off += A.size[k];
     }
     return -1;
   }
+  let mapCol = 0;
   function drawOverlay(hover) {
     octx.clearRect(0, 0, W, H);
-    const mx = Math.round(X(mapTime)) + 0.5;
+    const mx = Math.round(X(nCol ? cLast[mapCol] : 0)) + 0.5;
     octx.strokeStyle = "#7c3aed"; octx.lineWidth = 1.5;
     octx.beginPath(); octx.moveTo(mx, M.t); octx.lineTo(mx, M.t + PH); octx.stroke();
     if (hover >= 0) {
@@ -214,17 +246,25 @@
       if (p) { octx.fillStyle = "rgba(17,24,39,0.35)"; octx.fill(p); octx.strokeStyle = "#111827"; octx.lineWidth = 1; octx.stroke(p); }
     }
   }
+  // What memory held at event t: exact after a column's last event, else the
+  // column's largest figures.
+  function heldAt(t) {
+    const c = colOf(t);
+    if (cLast[c] === t) return "active " + fmtBytes(cAEnd[c]) + ", reserved " + fmtBytes(cREnd[c]);
+    const first = c === 0 ? 0 : cLast[c - 1] + 1;
+    return "events " + first + "-" + cLast[c] + ": active up to " + fmtBytes(cAMax[c]) + ", reserved up to " + fmtBytes(cRMax[c]);
+  }
   // Shows the details of the allocation under canvas point (x, y).
   function hoverAt(x, y) {
     const t = Math.floor(((x - M.l) / PW) * N), bytes = ((M.t + PH - y) / PH) * yMax;
     const k = t >= 0 && t < N ? allocAt(t, bytes) : -1;
     drawOverlay(k);
     if (k < 0) { tip.style.display = "none"; return; }
-    const freed = aEnd[k] < N ? "freed at event " + aEnd[k] + " (" + fmtTime(aEnd[k]) + ")" : "still live at the end";
-    const lines = ["allocation #" + k + "  " + hex(aAddr[k]), fmtBytes(aSize[k]) + " (" + aSize[k] + " bytes), stream " + aStream[k],
-                   "allocated at event " + aStart[k] + " (" + fmtTime(aStart[k]) + ")", freed,
-                   "active at event " + t + ": " + fmtBytes(activeAt(t)) + ", reserved " + fmtBytes(reservedAt(t))];
-    tip.textContent = lines.concat(stackLines(k, 8)).join("\n");
+    const freed = A.end[k] < N ? "freed at event " + A.end[k] + " (" + fmtTime(A.end[k]) + ")" : "still live at the end";
+    const lines = ["allocation " + hex(A.addr[k]), fmtBytes(A.size[k]) + " (" + A.size[k] + " bytes), stream " + A.stream[k],
+                   "allocated at event " + A.start[k] + " (" + fmtTime(A.start[k]) + ")", freed,
+                   "at event " + t + ": " + heldAt(t)];
+    tip.textContent = lines.concat(stackLines(A.stack[k], 8)).join("\n");
     tip.style.display = "block";
     tip.style.left = Math.min(x + 14, W - 300) + "px"; tip.style.top = (y + 14) + "px";
   }
@@ -242,20 +282,15 @@
   overlay.addEventListener("click", (ev) => {
     const r = overlay.getBoundingClientRect();
     const t = Math.floor(((ev.clientX - r.left - M.l) / PW) * N);
-    if (t >= 0 && t < N) setMapTime(t);
+    if (t >= 0 && t < N) setMapCol(colOf(t));
   });
-  function activeAt(t) {
-    let s = 0;
-    for (let k = 0, n = allocsBefore(t); k < n; k++) if (aEnd[k] > t) s += aSize[k];
-    return s;
-  }
 
   // ---- segment and page map ----------------------------------------------------
   const map = document.getElementById("map"), mapTip = document.getElementById("map-tip");
   const slider = document.getElementById("slider"), sliderLabel = document.getElementById("slider-label");
-  slider.max = String(N - 1);
+  slider.max = String(Math.max(nCol - 1, 0));
   const CELL = 9, GAP = 1, LABEL = 220, ROW = CELL + GAP;
-  let cells = [];  // hit boxes: {x, y, seg, page, used, allocs}
+  let cells = [];  // hit boxes: {x, y, seg, page, cap}
   let drawnSegments = 0;
 
   // Segments live at t: chunks by address, adjacent mapped chunks merged.
@@ -270,23 +305,23 @@
     return segs;
   }
 
-  function drawMap(t) {
+  function drawMap(c) {
+    const t = nCol ? cLast[c] : 0;
     const segs = segmentsAt(t);
     const perRow = Math.max(8, Math.floor((W - LABEL) / (CELL + GAP)));
     let rows = 0;
     for (const s of segs) { s.pages = Math.max(1, Math.ceil(s.size / PAGE)); s.used = new Float64Array(s.pages); s.allocs = []; rows += Math.ceil(s.pages / perRow); }
-    // Live allocations into their segment's pages.
+    // Live drawn allocations into their segment's pages.
     const starts = segs.map((s) => s.addr);
-    let active = 0, outside = 0;
+    let outside = 0;
     for (let k = 0, n = allocsBefore(t); k < n; k++) {
-      if (aEnd[k] <= t) continue;
-      active += aSize[k];
+      if (A.end[k] <= t) continue;
       let lo = 0, hi = starts.length;
-      while (lo < hi) { const m = (lo + hi) >> 1; if (starts[m] <= aAddr[k]) lo = m + 1; else hi = m; }
+      while (lo < hi) { const m = (lo + hi) >> 1; if (starts[m] <= A.addr[k]) lo = m + 1; else hi = m; }
       const s = segs[lo - 1];
-      if (!s || aAddr[k] >= s.addr + s.size) { outside++; continue; }
+      if (!s || A.addr[k] >= s.addr + s.size) { outside++; continue; }
       s.allocs.push(k);
-      const a0 = aAddr[k] - s.addr, a1 = Math.min(a0 + aSize[k], s.size);
+      const a0 = A.addr[k] - s.addr, a1 = Math.min(a0 + A.size[k], s.size);
       for (let p = Math.floor(a0 / PAGE); p * PAGE < a1; p++) s.used[p] += Math.min(a1, (p + 1) * PAGE) - Math.max(a0, p * PAGE);
     }
     const h = Math.max(40, rows * ROW + segs.length * 4 + 10);
@@ -307,21 +342,22 @@
       }
       y += Math.ceil(s.pages / perRow) * ROW + 4;
     }
-    if (!segs.length) { ctx.fillStyle = "#6b7280"; ctx.fillText("no device memory held at this time", 0, 10); }
+    if (!segs.length) { ctx.fillStyle = "#6b7280"; ctx.fillText("no device memory held after this event", 0, 10); }
     drawnSegments = segs.length;
     document.body.setAttribute("data-drawn-segments", String(drawnSegments));
-    sliderLabel.textContent = "event " + t + " of " + N + " (" + fmtTime(t) + "): " + segs.length + " segments, reserved " +
-      fmtBytes(reservedAt(t)) + ", active " + fmtBytes(active) + (outside ? ", " + outside + " allocations outside known segments" : "");
+    sliderLabel.textContent = "event " + t + " of " + D.events + " (" + fmtTime(t) + "): " + segs.length + " segments, " + heldAt(t) +
+      (allDrawn ? "" : "; pages shaded by the " + nA + " drawn allocations only") +
+      (outside ? ", " + outside + " allocations outside known segments" : "");
   }
 
   map.addEventListener("mousemove", (ev) => {
     const r = map.getBoundingClientRect(), x = ev.clientX - r.left, y = ev.clientY - r.top;
     const c = cells.find((c) => x >= c.x && x < c.x + CELL && y >= c.y && y < c.y + CELL);
     if (!c) { mapTip.style.display = "none"; return; }
-    const p0 = c.seg.addr + c.page * PAGE, inPage = c.seg.allocs.filter((k) => aAddr[k] < p0 + c.cap && aAddr[k] + aSize[k] > p0);
+    const p0 = c.seg.addr + c.page * PAGE, inPage = c.seg.allocs.filter((k) => A.addr[k] < p0 + c.cap && A.addr[k] + A.size[k] > p0);
     const lines = ["segment " + hex(c.seg.addr) + " (" + fmtBytes(c.seg.size) + "), page " + c.page + " at " + hex(p0),
-                   "used " + fmtBytes(c.seg.used[c.page]) + " of " + fmtBytes(c.cap) + " by " + inPage.length + " allocations"];
-    for (const k of inPage.slice(0, 8)) lines.push("  #" + k + " " + hex(aAddr[k]) + " " + fmtBytes(aSize[k]));
+                   "used " + fmtBytes(c.seg.used[c.page]) + " of " + fmtBytes(c.cap) + " by " + inPage.length + (allDrawn ? "" : " drawn") + " allocations"];
+    for (const k of inPage.slice(0, 8)) lines.push("  " + hex(A.addr[k]) + " " + fmtBytes(A.size[k]));
     if (inPage.length > 8) lines.push("  ...");
     mapTip.textContent = lines.join("\n"); mapTip.style.display = "block";
     mapTip.style.left = Math.min(x + 14, W - 300) + "px"; mapTip.style.top = (y + 14) + "px";
@@ -329,23 +365,24 @@
   map.addEventListener("mouseleave", () => { mapTip.style.display = "none"; });
 
   let mapQueued = false;
-  function setMapTime(t) {
-    mapTime = t; slider.value = String(t); drawOverlay(-1);
+  function setMapCol(c) {
+    mapCol = c; slider.value = String(c); drawOverlay(-1);
     if (mapQueued) return;
     mapQueued = true;
-    requestAnimationFrame(() => { mapQueued = false; drawMap(mapTime); });
+    requestAnimationFrame(() => { mapQueued = false; drawMap(mapCol); });
   }
-  slider.addEventListener("input", () => setMapTime(Number(slider.value)));
-  document.getElementById("to-peak").addEventListener("click", () => setMapTime(D.peak_index));
+  slider.addEventListener("input", () => setMapCol(Number(slider.value)));
+  document.getElementById("to-peak").addEventListener("click", () => setMapCol(colOf(D.peak_index)));
 
   // ---- header and the peak table -------------------------------------------------
   function header() {
     document.getElementById("title").textContent = D.title || "cachalot memory";
     document.getElementById("subtitle").textContent = D.subtitle || "";
-    const facts = [["events", String(D.events)], ["allocations", String(nA)], ["peak active", fmtBytes(D.peak_bytes)],
-                   ["peak reserved", fmtBytes(peakReserved)],
-                   ["reserved / active at peaks", D.peak_bytes ? (peakReserved / D.peak_bytes).toFixed(3) : "-"],
+    const facts = [["events", String(D.events)], ["allocations", String(D.allocations)], ["peak active", fmtBytes(D.peak_bytes)],
+                   ["peak reserved", fmtBytes(D.peak_reserved)],
+                   ["reserved / active at peaks", D.peak_bytes ? (D.peak_reserved / D.peak_bytes).toFixed(3) : "-"],
                    ["out-of-memory events", String(D.ooms.length)]];
+    if (!allDrawn) facts.push(["drawn one by one", nA + " of the largest allocations (the others in gray)"]);
     const box = document.getElementById("facts");
     for (const [k, v] of facts) {
       const span = document.createElement("span"); span.textContent = k + ": ";
@@ -353,37 +390,40 @@
     }
   }
   function peakTable() {
-    const live = [];
-    for (let k = 0, n = allocsBefore(D.peak_index); k < n; k++) if (aEnd[k] > D.peak_index) live.push(k);
-    live.sort((a, b) => aSize[b] - aSize[a]);
+    const P = unpackAllocs(D.peak_rows);
     const body = document.querySelector("#peak-table tbody");
-    const cells = (k) => [String(k), hex(aAddr[k]), fmtBytes(aSize[k]), "event " + aStart[k] + " (" + fmtTime(aStart[k]) + ")",
-                          String(aStream[k]), stackLines(k, 1)[0] || ""];
-    for (const k of live.slice(0, 200)) {
+    const row = (k) => [hex(P.addr[k]), fmtBytes(P.size[k]), "event " + P.start[k] + " (" + fmtTime(P.start[k]) + ")",
+                        String(P.stream[k]), stackLines(P.stack[k], 1)[0] || ""];
+    for (let k = 0; k < P.n; k++) {
       const tr = document.createElement("tr");
-      for (const [i, v] of cells(k).entries()) { const td = document.createElement("td"); td.textContent = v; if (i === 2) td.className = "num"; tr.appendChild(td); }
+      for (const [i, v] of row(k).entries()) { const td = document.createElement("td"); td.textContent = v; if (i === 1) td.className = "num"; tr.appendChild(td); }
       body.appendChild(tr);
     }
     const caption = document.createElement("caption");
-    caption.textContent = live.length + " allocations live at event " + D.peak_index + (live.length > 200 ? " (largest 200 shown)" : "");
+    caption.textContent = D.peak_live + " allocations live at event " + D.peak_index + (D.peak_live > P.n ? " (largest " + P.n + " shown)" : "");
     caption.style.textAlign = "left";
     document.getElementById("peak-table").prepend(caption);
-    document.body.setAttribute("data-peak-allocations", String(live.length));
   }
 
   header();
+  mapCol = nCol ? colOf(D.peak_index) : 0;
   drawChart();
   drawOverlay(-1);
   peakTable();
-  slider.value = String(D.peak_index);
-  drawMap(D.peak_index);
-  // "#t=N" opens the map at event N; "#hover=X,Y" shows the details at that
-  // chart point (for screenshots and tests).
+  slider.value = String(mapCol);
+  drawMap(mapCol);
+  // "#t=N" opens the map after event N (the end of its column); "#hover=X,Y"
+  // shows the details at that chart point (for screenshots and tests).
   for (const part of location.hash.slice(1).split("&")) {
     const [key, value] = part.split("=");
-    if (key === "t" && Number(value) >= 0 && Number(value) < N) { mapTime = Number(value); slider.value = value; drawMap(mapTime); drawOverlay(-1); }
+    if (key === "t" && Number(value) >= 0 && Number(value) < N) { mapCol = colOf(Number(value)); slider.value = String(mapCol); drawMap(mapCol); drawOverlay(-1); }
     if (key === "hover" && value) { const [x, y] = value.split(",").map(Number); hoverAt(x, y); }
   }
-  document.body.setAttribute("data-drawn-allocations", String(drawn));
-  document.body.setAttribute("data-render-ms", String(Math.round(performance.now() - started)));
+  const body = document.body;
+  body.setAttribute("data-drawn-allocations", String(drawn));
+  body.setAttribute("data-total-allocations", String(D.allocations));
+  body.setAttribute("data-peak-active", String(D.peak_bytes));
+  body.setAttribute("data-peak-reserved", String(D.peak_reserved));
+  body.setAttribute("data-peak-allocations", String(D.peak_live));
+  body.setAttribute("data-render-ms", String(Math.round(performance.now() - started)));
 })();

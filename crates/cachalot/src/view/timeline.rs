@@ -10,11 +10,12 @@
 //! splits the chunk).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use serde::Serialize;
 
 use crate::backend::DevicePtr;
-use crate::event::{Action, TraceEvent};
+use crate::event::{Action, Observer, TraceEvent};
 use crate::history::Frame;
 
 /// Sentinel end of something still live after the last event.
@@ -50,6 +51,24 @@ pub struct ChunkSpan {
     pub end: u32,
     /// Whether it was mapped (expandable segments) rather than allocated.
     pub mapped: bool,
+}
+
+/// A stretch of consecutive events, summarized for drawing: the most memory
+/// held inside it and what was held after its last event.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Column {
+    /// Index of its last event.
+    pub last: u32,
+    /// The clock of its last event, in microseconds.
+    pub time_us: u64,
+    /// The most active (requested) bytes after any of its events.
+    pub active_max: u64,
+    /// Active bytes after its last event.
+    pub active_end: u64,
+    /// The most reserved bytes after any of its events.
+    pub reserved_max: u64,
+    /// Reserved bytes after its last event.
+    pub reserved_end: u64,
 }
 
 /// Everything the page draws.
@@ -113,9 +132,122 @@ impl Timeline {
     pub fn peak_reserved(&self) -> u64 {
         self.reserved.iter().map(|&(_, r)| r).max().unwrap_or(0)
     }
+
+    /// The events in at most `max` columns of (nearly) equal length, one per
+    /// event when there are no more than `max`. Every event falls in one column,
+    /// so the columns' maxima hold the exact peaks.
+    pub fn columns(&self, max: usize) -> Vec<Column> {
+        let n = self.times_us.len();
+        let count = n.min(max.max(1));
+        let mut delta = vec![0i128; n];
+        for a in &self.allocs {
+            let size = i128::from(a.size);
+            if let Some(d) = delta.get_mut(a.start as usize) {
+                *d += size;
+            }
+            if let Some(d) = delta.get_mut(a.end as usize) {
+                *d -= size;
+            }
+        }
+        let mut out = Vec::with_capacity(count);
+        let mut column = Column::default();
+        let (mut active, mut reserved, mut changes) = (0i128, 0, self.reserved.iter().peekable());
+        for (i, d) in delta.into_iter().enumerate() {
+            active += d;
+            while let Some(&(_, bytes)) = changes.next_if(|(at, _)| *at as usize <= i) {
+                reserved = bytes;
+            }
+            let bytes = u64::try_from(active).unwrap_or(0);
+            column.active_max = column.active_max.max(bytes);
+            column.reserved_max = column.reserved_max.max(reserved);
+            let column_end = (out.len() + 1) * n / count;
+            if i + 1 == column_end {
+                out.push(Column {
+                    last: u32::try_from(i).unwrap_or(STILL_LIVE - 1),
+                    time_us: self.times_us[i],
+                    active_end: bytes,
+                    reserved_end: reserved,
+                    ..column
+                });
+                column = Column::default();
+            }
+        }
+        out
+    }
+
+    /// Indices of at most `max` allocations to draw one by one, in allocation
+    /// order: all of them when there are no more; else the largest of each of
+    /// `stretches` equal stretches of events (by where they start), so every
+    /// part of the run has its bands, and the largest live at the peak.
+    pub fn drawn(&self, max: usize, stretches: usize) -> Vec<usize> {
+        if self.allocs.len() <= max {
+            return (0..self.allocs.len()).collect();
+        }
+        let stretches = stretches.clamp(1, max);
+        let quota = max / stretches / 2;
+        let events = self.times_us.len().max(1) as u64;
+        let mut by_stretch: Vec<Vec<usize>> = vec![Vec::new(); stretches];
+        for (k, a) in self.allocs.iter().enumerate() {
+            let s = u64::from(a.start) * stretches as u64 / events;
+            by_stretch[(s as usize).min(stretches - 1)].push(k);
+        }
+        let mut out: Vec<usize> = by_stretch
+            .into_iter()
+            .flat_map(|ks| self.largest_of(ks, quota))
+            .collect();
+        let at_peak: Vec<usize> = (0..self.allocs.len())
+            .filter(|&k| {
+                let a = &self.allocs[k];
+                a.start <= self.peak_index && self.peak_index < a.end
+            })
+            .collect();
+        out.extend(self.largest_of(at_peak, max - out.len()));
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The `n` largest of `ks` (ties: the earlier).
+    fn largest_of(&self, mut ks: Vec<usize>, n: usize) -> Vec<usize> {
+        if ks.len() > n {
+            let size = |k: &usize| std::cmp::Reverse(self.allocs[*k].size);
+            ks.select_nth_unstable_by(n, |a, b| size(a).cmp(&size(b)).then(a.cmp(b)));
+            ks.truncate(n);
+        }
+        ks
+    }
 }
 
-#[derive(Default)]
+/// Builds a [`Timeline`] from the events an allocator sends (install it as the
+/// allocator's [`Observer`]), keeping no event list: a run of any length is
+/// drawn from every one of its events.
+#[derive(Debug, Default)]
+pub struct TimelineRecorder {
+    builder: Mutex<Builder>,
+}
+
+impl TimelineRecorder {
+    /// A recorder that has seen nothing.
+    pub fn new() -> TimelineRecorder {
+        TimelineRecorder::default()
+    }
+
+    /// The timeline of the events seen so far; the recorder starts over.
+    pub fn finish(&self) -> Timeline {
+        let builder = std::mem::take(&mut *self.builder.lock().unwrap_or_else(|e| e.into_inner()));
+        builder.finish()
+    }
+}
+
+impl Observer for TimelineRecorder {
+    fn on_event(&self, event: &TraceEvent) {
+        let mut b = self.builder.lock().unwrap_or_else(|e| e.into_inner());
+        let i = u32::try_from(b.t.times_us.len()).unwrap_or(STILL_LIVE - 1);
+        b.step(i, event, &[]);
+    }
+}
+
+#[derive(Debug, Default)]
 struct Builder {
     t: Timeline,
     /// Live allocation by address: its index in `allocs`.
@@ -358,5 +490,67 @@ mod tests {
         let ids: Vec<Option<u32>> = t.allocs.iter().map(|a| a.stack).collect();
         assert_eq!(ids, [Some(0), None, Some(0)]);
         assert_eq!(t.stacks, [vec!["f (a.rs:1)".to_string()]]);
+    }
+
+    #[test]
+    fn columns_keep_the_exact_peaks() {
+        let events: Vec<TraceEvent> = (0..10)
+            .flat_map(|k| {
+                [
+                    ev(Action::SegmentAlloc, k * 100, 100),
+                    ev(Action::Alloc, k * 100, 10 + k),
+                    ev(Action::FreeCompleted, k * 100, 10 + k),
+                    ev(Action::SegmentFree, k * 100, 100),
+                ]
+            })
+            .collect();
+        let t = Timeline::from_events(&events);
+        let cols = t.columns(5);
+        assert_eq!(cols.len(), 5);
+        assert_eq!(cols.last().map(|c| c.last), Some(39));
+        let active = cols.iter().map(|c| c.active_max).max();
+        assert_eq!(active, Some(t.peak_bytes));
+        assert_eq!(t.peak_bytes, 19);
+        let reserved = cols.iter().map(|c| c.reserved_max).max();
+        assert_eq!(reserved, Some(t.peak_reserved()));
+        assert!(cols
+            .iter()
+            .all(|c| c.active_end == 0 && c.reserved_end == 0));
+        let every = t.columns(1000);
+        assert_eq!(every.len(), 40, "one column per event");
+        assert_eq!((every[1].active_end, every[1].reserved_end), (10, 100));
+        assert_eq!(every[1].time_us, events[1].time_us);
+    }
+
+    #[test]
+    fn drawn_allocations_cover_every_stretch_and_the_peak() {
+        // Two stretches of four events: sizes 5, 50, 7, 50 then 1, 2, 3, 4; the
+        // peak is at the end, with all eight live.
+        let sizes = [5, 50, 7, 50, 1, 2, 3, 4];
+        let events: Vec<TraceEvent> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &size)| ev(Action::Alloc, 64 * k as u64, size))
+            .collect();
+        let t = Timeline::from_events(&events);
+        assert_eq!(t.drawn(9, 2), [0, 1, 2, 3, 4, 5, 6, 7], "all when they fit");
+        // One per stretch (the largest of each), then the largest at the peak.
+        assert_eq!(t.drawn(4, 2), [1, 3, 7]);
+        assert_eq!(t.drawn(6, 2), [0, 1, 2, 3, 7]);
+    }
+
+    #[test]
+    fn a_recorder_sees_what_a_list_gives() {
+        let events = [
+            ev(Action::SegmentAlloc, 0, 100),
+            ev(Action::Alloc, 0, 40),
+            ev(Action::FreeCompleted, 0, 40),
+        ];
+        let recorder = TimelineRecorder::new();
+        for e in &events {
+            recorder.on_event(e);
+        }
+        assert_eq!(recorder.finish(), Timeline::from_events(&events));
+        assert_eq!(recorder.finish(), Timeline::default(), "it starts over");
     }
 }
