@@ -74,11 +74,19 @@ for check in "$(dirname "$bin")"/checks/*; do
   "$check" || { status=1; echo "FAILED: $(basename "$check")"; }
 done
 
+section "3b. the bundled traces replayed on the GPU (cachalot replay --device cuda:0) against the simulator"
+cli="$(dirname "$bin")/torch/cachalot"
+if [ -x "$cli" ]; then
+  python3 "$bin/scripts/replay_on_gpu.py" "$cli" "$out/replay_gpu.md" || status=1
+else
+  echo "skipped: no cachalot command in $(dirname "$bin")/torch (scripts/build-gpu-torch.sh builds it)"
+fi
+
 # The speed comparison runs all four allocators in one process, taking turns
 # (native_bench.py --plugin, with the plug-in from scripts/build-gpu-torch.sh
 # beside BIN); the Rust bench adds reserved memory, the simulator's prediction,
 # driver calls and cachalot's thread scaling.
-passes=20; steps=50000; turns=${TURNS:-6}
+passes=20; steps=50000; turns=${TURNS:-5}
 [ "$quick" = --quick ] && { passes=5; steps=5000; turns=3; }
 plugin="$(dirname "$bin")/torch/libcachalot_torch.so"
 one_process=()
@@ -114,6 +122,7 @@ fi
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
+[ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
 section "done"
 printf '%s\n' "${timings[@]}" "total: $((SECONDS - started)) s, exit $status"

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cachalot::error::format_size;
-use cachalot::replay::ReplayReport;
+use cachalot::replay::{Device, ReplayReport};
 use cachalot::AllocatorConfig;
 use serde::Serialize;
 
@@ -36,8 +36,8 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
     /// Of snapshots of several devices, the device to replay.
-    #[arg(long)]
-    device: Option<usize>,
+    #[arg(long, value_name = "N")]
+    snapshot_device: Option<usize>,
 }
 
 /// One row: a recording under one configuration.
@@ -65,7 +65,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        let loaded = load(path, args.device).and_then(|loaded| {
+        let loaded = load(path, args.snapshot_device).and_then(|loaded| {
             let capacity = args
                 .capacity
                 .map_or_else(|| loaded.recorded_capacity(), Ok)?;
@@ -82,7 +82,9 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
         for (label, conf) in CONFIGS {
             let result = AllocatorConfig::parse(conf)
                 .map_err(Into::into)
-                .and_then(|config| replay_one(&loaded, config, capacity, label));
+                .and_then(|config| {
+                    replay_one(&loaded, config, Device::Simulated { capacity }, label)
+                });
             let result = match result {
                 Ok(r) => Outcome::Replayed(Box::new(r)),
                 Err(e) => Outcome::Failed {

@@ -8,11 +8,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cachalot::allocator::{self, DeviceAllocator};
-use cachalot::backend::sim::SimBackend;
+use cachalot::allocator::DeviceAllocator;
 use cachalot::event::Observer;
 use cachalot::replay::{
-    self, Plan, PlanError, RecordedAddresses, RecordedDevice, ReplayError, ReplayReport, Workload,
+    self, Device, Plan, PlanError, RecordedDevice, ReplayError, ReplayReport, Workload,
     H100_CAPACITY,
 };
 use cachalot::snapshot_io::{self, SnapshotIoError};
@@ -57,6 +56,12 @@ pub(crate) enum InputError {
     /// A tuning could not run.
     #[error(transparent)]
     Tune(Box<cachalot::tune::TuneError>),
+    /// A GPU to replay on that could not be opened.
+    #[error(transparent)]
+    Target(#[from] crate::target::TargetError),
+    /// `--capacity` with a GPU.
+    #[error("--capacity sizes the simulated device; a GPU replay uses the GPU's own memory")]
+    CapacityOnGpu,
     /// The recorded device is one a replay cannot simulate.
     #[error("the recorded device: {0}; choose one with --capacity")]
     RecordedCapacity(CapacityError),
@@ -80,8 +85,8 @@ pub(crate) struct ReplayArgs {
     #[arg(long, value_parser = capacity::parse)]
     capacity: Option<u64>,
     /// Of a snapshot of several devices, the device to replay.
-    #[arg(long)]
-    device: Option<usize>,
+    #[arg(long, value_name = "N")]
+    snapshot_device: Option<usize>,
 }
 
 /// A replayed run.
@@ -198,23 +203,18 @@ pub(crate) fn replay(
     args: &ReplayArgs,
     observer: Option<Arc<dyn Observer>>,
 ) -> Result<Run, InputError> {
-    let loaded = load(path, args.device)?;
+    let loaded = load(path, args.snapshot_device)?;
     let config = loaded.config(args.conf.as_deref(), None)?;
     let capacity = args
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;
-    let plan = &loaded.plan;
-    let sim = Arc::new(SimBackend::new(capacity));
-    // Hand out the recorded segment addresses, so the replay places blocks as
-    // the recording did and the page shows the recorded addresses.
-    let backend = Arc::new(RecordedAddresses::new(
-        sim.clone(),
-        plan.recorded_segment_allocs.clone(),
-    ));
-    let allocator = allocator::create(backend, config)?;
-    let report = replay::run_observed(plan, allocator.as_ref(), &sim, &mut |_| {}, observer)?;
-    print_first_oom(&report);
-    Ok(Run { allocator, report })
+    let device = Device::Simulated { capacity };
+    let replayed = replay::replay_on(&loaded.plan, config, device, observer, &mut |_| {})?;
+    print_first_oom(&replayed.report);
+    Ok(Run {
+        allocator: replayed.allocator,
+        report: replayed.report,
+    })
 }
 
 /// Prints, on stderr, how often a replay ran out of memory and the first

@@ -8,6 +8,7 @@ mod parity;
 mod progress;
 mod replay;
 mod summary;
+mod target;
 mod tune;
 mod view;
 
@@ -29,8 +30,8 @@ enum Cli {
     /// Replay PyTorch golden scenarios through the `pytorch` policy on a simulated
     /// H100 and compare every statistic after every step.
     Parity(parity::Args),
-    /// Replay a recorded PyTorch trace or snapshot on a simulated device and report
-    /// peak memory, device segments and driver calls.
+    /// Replay a recorded PyTorch trace or snapshot on a simulated device (or a GPU)
+    /// and report peak memory, device segments and driver calls.
     Replay(replay::Args),
     /// Replay recordings under PyTorch native, PyTorch expandable segments and the
     /// cachalot policy, side by side.

@@ -1,16 +1,18 @@
-//! `cachalot replay TRACE [--policy P] [--conf CONF] [--capacity BYTES] [--json]`:
-//! replays a recorded trace or snapshot on a simulated device and reports peaks,
-//! device segments and driver calls (a table, or one JSON object).
+//! `cachalot replay TRACE [--policy P] [--conf CONF] [--capacity BYTES]
+//! [--device sim|cuda:N] [--json]`: replays a recorded trace or snapshot on a
+//! simulated device (or a GPU) and reports peaks, device segments and driver
+//! calls (a table, or one JSON object).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cachalot::error::format_size;
-use cachalot::replay::{self, ReplayReport};
+use cachalot::replay::{self, Device, ReplayReport};
 use cachalot::{AllocatorConfig, PolicyKind};
 
 use crate::input::{load, InputError, Loaded};
 use crate::output::{Output, OutputError};
+use crate::target::{self, Target};
 use crate::{capacity, progress, CliError};
 
 /// Arguments of `cachalot replay`.
@@ -32,24 +34,28 @@ pub(crate) struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Where to replay: `sim` (a simulated device) or `cuda:N` (GPU N, through
+    /// the CUDA driver; the recording's memory is really allocated, never touched).
+    #[arg(long, default_value = "sim", value_parser = target::parse)]
+    device: Target,
     /// Of a snapshot of several devices, the device to replay.
-    #[arg(long)]
-    device: Option<usize>,
+    #[arg(long, value_name = "N")]
+    snapshot_device: Option<usize>,
 }
 
-/// Replays `loaded` under `config` on `capacity` bytes, with a progress bar.
+/// Replays `loaded` under `config` on `device`, with a progress bar.
 pub(crate) fn replay_one(
     loaded: &Loaded,
     config: AllocatorConfig,
-    capacity: u64,
+    device: Device,
     label: &str,
 ) -> Result<ReplayReport, InputError> {
     let bar = progress::bar(loaded.plan.ops.len() as u64, label);
-    let report = replay::replay(&loaded.plan, config, capacity, &mut |done| {
+    let replayed = replay::replay_on(&loaded.plan, config, device, None, &mut |done| {
         bar.set_position(done as u64)
     });
     bar.finish_and_clear();
-    Ok(report?)
+    Ok(replayed?.report)
 }
 
 /// Runs the subcommand.
@@ -65,12 +71,18 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 }
 
 fn report(args: &Args) -> Result<ReplayReport, InputError> {
-    let loaded = load(&args.trace, args.device)?;
+    let mut loaded = load(&args.trace, args.snapshot_device)?;
     let config = loaded.config(args.conf.as_deref(), args.policy)?;
-    let capacity = args
-        .capacity
-        .map_or_else(|| loaded.recorded_capacity(), Ok)?;
-    replay_one(&loaded, config, capacity, "replay")
+    let device = match args.device {
+        Target::Sim => Device::Simulated {
+            capacity: args
+                .capacity
+                .map_or_else(|| loaded.recorded_capacity(), Ok)?,
+        },
+        Target::Cuda(_) if args.capacity.is_some() => return Err(InputError::CapacityOnGpu),
+        Target::Cuda(ordinal) => target::open_cuda(ordinal, &mut loaded.plan)?,
+    };
+    replay_one(&loaded, config, device, "replay")
 }
 
 fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), OutputError> {
@@ -84,6 +96,7 @@ fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), O
         ("trace", trace.display().to_string()),
         ("policy", r.policy.clone()),
         ("conf", conf.to_string()),
+        ("device", r.device.clone()),
         ("capacity", bytes(r.capacity)),
         ("events", r.events.to_string()),
         ("allocs", r.allocs.to_string()),

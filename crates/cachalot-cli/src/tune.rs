@@ -43,8 +43,8 @@ pub(crate) struct Args {
     #[arg(long)]
     json: bool,
     /// Of a snapshot of several devices, the device to tune for.
-    #[arg(long)]
-    device: Option<usize>,
+    #[arg(long, value_name = "N")]
+    snapshot_device: Option<usize>,
 }
 
 /// What `--json` prints.
@@ -112,7 +112,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 }
 
 fn search(args: &Args) -> Result<(Ranking, Vec<Fit>), InputError> {
-    let loaded = load(&args.recording, args.device)?;
+    let loaded = load(&args.recording, args.snapshot_device)?;
     let capacity = args
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;

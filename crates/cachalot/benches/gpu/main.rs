@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use cachalot::backend::counting::Counting;
 use cachalot::backend::cuda::CudaBackend;
 use cachalot::backend::sim::{AddressOrder, SimBackend};
 use cachalot::backend::{Backend, StreamId};
@@ -111,19 +112,11 @@ fn simulated_reserved(list: &OpList, policy: PolicyKind) -> BoxResult<u64> {
 
 /// Memory calls (segments, pages, ranges, maps) and event calls the backend served
 /// so far.
-fn driver_calls(gpu: &CudaBackend) -> (u64, u64) {
-    let counts = gpu.call_counts();
-    let memory = counts
-        .iter()
-        .filter(|(k, _)| k.is_memory_call())
-        .map(|(_, n)| n)
-        .sum();
-    let events = counts
-        .iter()
-        .filter(|(k, _)| !k.is_memory_call())
-        .map(|(_, n)| n)
-        .sum();
-    (memory, events)
+fn driver_calls(counting: &Counting<CudaBackend>) -> (u64, u64) {
+    let counts = counting.counts();
+    let memory = counts.memory_calls();
+    let all: u64 = counts.calls.values().sum();
+    (memory, all - memory)
 }
 
 fn replay(
@@ -137,12 +130,13 @@ fn replay(
     for _ in 1..list.streams {
         streams.push(gpu.create_stream()?);
     }
-    let backend: Arc<dyn Backend> = gpu.clone();
+    let counting = Arc::new(Counting::new(gpu.clone()));
+    let backend: Arc<dyn Backend> = counting.clone();
     let alloc = allocator::create(backend, config(policy))?;
     let mut ptrs = vec![0; list.ids];
     let free_before = gpu.mem_info()?.free;
     let (mut ns, mut reserved_first, mut used_first) = (Vec::new(), 0, 0);
-    let start_calls = driver_calls(gpu);
+    let start_calls = driver_calls(&counting);
     let mut first_calls = start_calls;
     for i in 0..passes {
         let took = pass(alloc.as_ref(), list, &streams, &mut ptrs)?;
@@ -151,10 +145,10 @@ fn replay(
         if i == 0 {
             reserved_first = alloc.memory_reserved();
             used_first = free_before.saturating_sub(gpu.mem_info()?.free);
-            first_calls = driver_calls(gpu);
+            first_calls = driver_calls(&counting);
         }
     }
-    let end_calls = driver_calls(gpu);
+    let end_calls = driver_calls(&counting);
     let later_passes = (passes.max(2) - 1) as f64;
     alloc.validate()?;
     let reserved_peak = alloc.max_memory_reserved();

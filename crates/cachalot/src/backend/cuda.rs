@@ -24,7 +24,6 @@ mod registry;
 
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -42,8 +41,6 @@ pub struct CudaBackend {
     caps: Capabilities,
     ctx: Context,
     registry: RwLock<Registry>,
-    /// Trait calls by kind (index: the kind's position in [`CallKind::ALL`]).
-    calls: [AtomicU64; CallKind::ALL.len()],
 }
 
 impl fmt::Debug for CudaBackend {
@@ -99,7 +96,6 @@ impl CudaBackend {
             caps,
             ctx,
             registry: RwLock::new(Registry::default()),
-            calls: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 
@@ -133,19 +129,6 @@ impl CudaBackend {
 
     fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn count(&self, call: CallKind) {
-        self.calls[call as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// How many times each [`Backend`] method was called (failed calls included),
-    /// by kind, in [`CallKind::ALL`] order.
-    pub fn call_counts(&self) -> Vec<(CallKind, u64)> {
-        CallKind::ALL
-            .iter()
-            .map(|k| (*k, self.calls[*k as usize].load(Ordering::Relaxed)))
-            .collect()
     }
 
     /// Bytes in live segments and pages obtained through this backend.
@@ -328,7 +311,6 @@ impl Backend for CudaBackend {
 
     fn mem_info(&self) -> BackendResult<MemInfo> {
         let call = CallKind::MemInfo;
-        self.count(call);
         self.ctx.bind(call)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: the context is current; both are valid out-pointers.
@@ -343,7 +325,6 @@ impl Backend for CudaBackend {
 
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::SegmentAlloc;
-        self.count(call);
         let bytes = request_bytes(call, size, 0)?;
         let mut reg = self.write();
         self.ctx.bind(call)?;
@@ -358,7 +339,6 @@ impl Backend for CudaBackend {
 
     fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
         let call = CallKind::SegmentFree;
-        self.count(call);
         let mut reg = self.write();
         reg.check_segment(ptr)?;
         self.ctx.bind(call)?;
@@ -370,7 +350,6 @@ impl Backend for CudaBackend {
 
     fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
         let call = CallKind::ReserveRange;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let bytes = request_bytes(call, size, self.caps.granularity)?;
         let align = self.caps.granularity as usize;
@@ -388,7 +367,6 @@ impl Backend for CudaBackend {
 
     fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::ReleaseRange;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         reg.check_range_release(base, size)?;
@@ -403,7 +381,6 @@ impl Backend for CudaBackend {
 
     fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
         let call = CallKind::CreatePage;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let bytes = request_bytes(call, size, self.caps.granularity)?;
         let prop = driver::page_properties(self.ctx.device());
@@ -421,7 +398,6 @@ impl Backend for CudaBackend {
 
     fn release_page(&self, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::ReleasePage;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         reg.check_page_release(page)?;
@@ -434,7 +410,6 @@ impl Backend for CudaBackend {
 
     fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::Map;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         let size = reg.check_map(addr, page, self.caps.granularity)?;
@@ -463,7 +438,6 @@ impl Backend for CudaBackend {
 
     fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::Unmap;
-        self.count(call);
         self.require_virtual_memory(call)?;
         let mut reg = self.write();
         let mappings = reg.check_unmap(addr, size)?;
@@ -480,7 +454,6 @@ impl Backend for CudaBackend {
 
     fn create_event(&self) -> BackendResult<EventId> {
         let call = CallKind::CreateEvent;
-        self.count(call);
         let mut reg = self.write();
         self.ctx.bind(call)?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
@@ -494,7 +467,6 @@ impl Backend for CudaBackend {
 
     fn destroy_event(&self, event: EventId) -> BackendResult<()> {
         let call = CallKind::DestroyEvent;
-        self.count(call);
         let mut reg = self.write();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
@@ -508,7 +480,6 @@ impl Backend for CudaBackend {
 
     fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
         let call = CallKind::RecordEvent;
-        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         reg.check_stream(call, stream)?;
@@ -522,7 +493,6 @@ impl Backend for CudaBackend {
 
     fn query_event(&self, event: EventId) -> BackendResult<bool> {
         let call = CallKind::QueryEvent;
-        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
@@ -539,7 +509,6 @@ impl Backend for CudaBackend {
 
     fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
         let call = CallKind::SynchronizeEvent;
-        self.count(call);
         let reg = self.read();
         reg.check_event(call, event)?;
         self.ctx.bind(call)?;
@@ -551,7 +520,6 @@ impl Backend for CudaBackend {
 
     fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
         let call = CallKind::SynchronizeStream;
-        self.count(call);
         let reg = self.read();
         reg.check_stream(call, stream)?;
         self.ctx.bind(call)?;
@@ -563,7 +531,6 @@ impl Backend for CudaBackend {
 
     fn synchronize_device(&self) -> BackendResult<()> {
         let call = CallKind::SynchronizeDevice;
-        self.count(call);
         self.ctx.bind(call)?;
         // SAFETY: the context is current; the call takes no arguments.
         check(call, 0, || unsafe { sys::cuCtxSynchronize() })

@@ -5,7 +5,10 @@
 //! and strict, the default wherever no GPU is present) and `cuda` (a real GPU through
 //! cudarc). Concerns that cut across backends (a memory limit, latency, fault
 //! injection, call counting) are wrappers implementing this same trait, never
-//! `if`s inside `malloc`.
+//! `if`s inside `malloc`: [`counting::Counting`] counts calls by kind and
+//! [`recorded::RecordedAddresses`] hands out a recording's segment addresses,
+//! each over any backend. (The simulated device still injects its own faults
+//! and keeps its own watermark and call counters, which its tests drive.)
 //!
 //! # Contracts every backend keeps
 //!
@@ -32,7 +35,9 @@
 //! * Every method is callable from any thread (`Send + Sync`).
 //! * No method panics on bad input: misuse is an error value.
 
+pub mod counting;
 pub mod cuda;
+pub mod recorded;
 pub mod sim;
 
 use std::fmt;

@@ -1,16 +1,17 @@
-//! Replaying a recorded workload through any policy on a simulated device.
+//! Replaying a recorded workload through any policy, on a simulated device or
+//! a real one.
 //!
 //! A recording ([`crate::trace::Recording`]) is first turned into a [`Plan`]: the
 //! allocator calls that reproduce it, with each allocation numbered (see
 //! [`plan()`] for the rules: frees at completion, `empty_cache` where the program
-//! called it, streams kept). [`run`] then drives a [`DeviceAllocator`] through the
-//! plan on a [`SimBackend`] and reports peaks, the device segments it obtained and
-//! the driver calls it made, as a [`ReplayReport`].
+//! called it, streams kept). [`replay_on`], the one entry every tool uses, then
+//! drives a [`DeviceAllocator`] through the plan on a [`Device`] and reports
+//! peaks, the device segments it obtained and the driver calls it made, as a
+//! [`ReplayReport`].
 //!
 //! Out-of-memory during a replay is not fatal: the allocation is counted in
 //! [`ReplayReport::ooms`] and skipped (and so is its later free).
 
-pub mod addresses;
 pub mod plan;
 pub mod workload;
 
@@ -22,11 +23,12 @@ use std::time::Instant;
 use serde::{Serialize, Serializer};
 use thiserror::Error;
 
-pub use addresses::RecordedAddresses;
 pub use plan::{plan, Inconsistency, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
 use crate::allocator::{self, DeviceAllocator};
+use crate::backend::counting::Counting;
+use crate::backend::recorded::RecordedAddresses;
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, CallKind, DevicePtr};
 use crate::config::AllocatorConfig;
@@ -37,7 +39,7 @@ use crate::stats::{MemoryStats, Stat};
 /// The capacity of an H100 80GB as PyTorch reports it: the default replay device.
 pub const H100_CAPACITY: u64 = 85_017_493_504;
 
-/// How often (in ops) [`run`] reports progress.
+/// How often (in ops) [`replay_on`] reports progress.
 pub const PROGRESS_EVERY: usize = 1 << 16;
 
 /// A replay that could not go on.
@@ -79,6 +81,8 @@ pub struct ReplayReport {
     pub policy: String,
     /// Its configuration string.
     pub conf: String,
+    /// The device replayed on, by name (the simulated one, or a GPU's).
+    pub device: String,
     /// The simulated device's capacity in bytes.
     pub capacity: u64,
     /// Recorded events.
@@ -184,51 +188,91 @@ struct Tally {
     first_oom: Option<OomReport>,
 }
 
-/// Replays `plan` with a fresh allocator for `config` on a simulated device of
-/// `capacity` bytes that hands out the recorded segment addresses (see
-/// [`addresses`] for why, and [`run`]).
+/// The device a replay runs on.
+#[derive(Clone, Debug)]
+pub enum Device {
+    /// A simulated device of this many bytes.
+    Simulated {
+        /// Its memory, in bytes.
+        capacity: u64,
+    },
+    /// Any backend: a real GPU (a [`CudaBackend`](crate::backend::cuda::CudaBackend)),
+    /// say. A replay never touches the memory it allocates.
+    Backend(Arc<dyn Backend>),
+}
+
+/// A finished replay: what it measured and the allocator in its final state.
+#[derive(Debug)]
+pub struct Replayed {
+    /// What the replay measured.
+    pub report: ReplayReport,
+    /// The allocator, with what the recording left live still allocated.
+    pub allocator: Arc<dyn DeviceAllocator>,
+}
+
+/// The one way to replay a plan: a fresh allocator for `config` on `device`,
+/// drawing through [`RecordedAddresses`] (so blocks land where the recording
+/// put them: see [`recorded`](crate::backend::recorded)) and [`Counting`] (for
+/// the report's call counts), every event shown to `observer` stamped with its
+/// recorded time. `progress` is called with the number of ops done every
+/// [`PROGRESS_EVERY`] ops.
 ///
 /// # Errors
-/// [`ReplayError::Setup`] when the policy cannot run `config`; otherwise as [`run`].
+/// [`ReplayError::Setup`] when the policy cannot run `config`;
+/// [`ReplayError::Allocator`] when the allocator fails other than by running
+/// out of memory.
+pub fn replay_on(
+    plan: &Plan,
+    config: AllocatorConfig,
+    device: Device,
+    observer: Option<Arc<dyn Observer>>,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Replayed, ReplayError> {
+    let (counting, allocator) = open(plan, config, device)?;
+    let report = run_observed(plan, allocator.as_ref(), &counting, progress, observer)?;
+    Ok(Replayed { report, allocator })
+}
+
+/// [`replay_on`] a simulated device of `capacity` bytes, unobserved.
+///
+/// # Errors
+/// As [`replay_on`].
 pub fn replay(
     plan: &Plan,
     config: AllocatorConfig,
     capacity: u64,
     progress: &mut dyn FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let sim = Arc::new(SimBackend::new(capacity));
-    let backend = Arc::new(RecordedAddresses::new(
-        sim.clone(),
+    let device = Device::Simulated { capacity };
+    Ok(replay_on(plan, config, device, None, progress)?.report)
+}
+
+type Counted = Counting<dyn Backend>;
+
+/// The allocator a replay of `plan` runs through, and the counter of its calls.
+fn open(
+    plan: &Plan,
+    config: AllocatorConfig,
+    device: Device,
+) -> Result<(Arc<Counted>, Arc<dyn DeviceAllocator>), ReplayError> {
+    let inner: Arc<dyn Backend> = match device {
+        Device::Simulated { capacity } => Arc::new(SimBackend::new(capacity)),
+        Device::Backend(backend) => backend,
+    };
+    let recorded: Arc<dyn Backend> = Arc::new(RecordedAddresses::new(
+        inner,
         plan.recorded_segment_allocs.clone(),
     ));
-    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
-    run(plan, allocator.as_ref(), &sim, progress)
+    let counting = Arc::new(Counting::new(recorded));
+    let allocator = allocator::create(counting.clone(), config).map_err(ReplayError::Setup)?;
+    Ok((counting, allocator))
 }
 
-/// Replays `plan` through `allocator`, which must draw from `sim`.
-/// `progress` is called with the number of ops done every [`PROGRESS_EVERY`] ops.
-///
-/// # Errors
-/// [`ReplayError::Allocator`] when the allocator fails other than by running out
-/// of memory.
-pub fn run(
+/// Replays `plan` through `allocator`, which draws from `counting`.
+fn run_observed(
     plan: &Plan,
     allocator: &dyn DeviceAllocator,
-    sim: &SimBackend,
-    progress: &mut dyn FnMut(usize),
-) -> Result<ReplayReport, ReplayError> {
-    run_observed(plan, allocator, sim, progress, None)
-}
-
-/// [`run`], also passing every allocator event to `observer` (a
-/// [`History`](crate::history::History), to see the replay afterwards).
-///
-/// # Errors
-/// As [`run`].
-pub fn run_observed(
-    plan: &Plan,
-    allocator: &dyn DeviceAllocator,
-    sim: &SimBackend,
+    counting: &Counted,
     progress: &mut dyn FnMut(usize),
     observer: Option<Arc<dyn Observer>>,
 ) -> Result<ReplayReport, ReplayError> {
@@ -247,13 +291,14 @@ pub fn run_observed(
     let tally = result?;
 
     let stats = allocator.stats();
-    let counters = sim.counters();
+    let counters = counting.counts();
     let segment_sizes = std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
     let peak = |stat: &Stat| u64::try_from(stat.peak).unwrap_or(0);
     Ok(ReplayReport {
         policy: allocator.policy().name().to_string(),
         conf: allocator.config().source.clone(),
-        capacity: sim.capabilities().total_memory,
+        device: counting.capabilities().name.clone(),
+        capacity: counting.capabilities().total_memory,
         events: plan.events as u64,
         allocs: tally.allocs,
         frees: tally.frees,
@@ -283,12 +328,7 @@ pub fn run_observed(
 /// # Errors
 /// As [`replay`].
 pub fn fits(plan: &Plan, config: AllocatorConfig, capacity: u64) -> Result<bool, ReplayError> {
-    let sim = Arc::new(SimBackend::new(capacity));
-    let backend = Arc::new(RecordedAddresses::new(
-        sim,
-        plan.recorded_segment_allocs.clone(),
-    ));
-    let allocator = allocator::create(backend, config).map_err(ReplayError::Setup)?;
+    let (_, allocator) = open(plan, config, Device::Simulated { capacity })?;
     Ok(drive(plan, allocator.as_ref(), &mut |_| {}, true, None)?.ooms == 0)
 }
 

@@ -82,7 +82,7 @@ pub enum TraceError {
     /// A snapshot with events on several devices, read without choosing one,
     /// or a device chosen that has none. Remedy: choose one of `devices`.
     #[error(
-        "{reason}; the devices with events are {}: choose one with --device",
+        "{reason}; the devices with events are {}: choose one with --snapshot-device",
         list(devices)
     )]
     Device {

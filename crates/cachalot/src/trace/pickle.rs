@@ -383,7 +383,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "a snapshot of several devices, which are replayed one at a time; \
-             the devices with events are 0 and 2: choose one with --device"
+             the devices with events are 0 and 2: choose one with --snapshot-device"
         );
         let chosen = two.clone().into_recording(Some(2)).unwrap();
         assert_eq!(chosen.events.len(), 2);

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{
+use super::{
     Backend, BackendResult, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
 };
 
@@ -29,7 +29,7 @@ struct State {
 
 /// See the module docs.
 #[derive(Debug)]
-pub struct RecordedAddresses<B> {
+pub struct RecordedAddresses<B: ?Sized> {
     inner: Arc<B>,
     /// Recorded `segment_alloc` (address, size) pairs, in order.
     recorded: Vec<(DevicePtr, u64)>,
@@ -38,7 +38,7 @@ pub struct RecordedAddresses<B> {
     state: Mutex<State>,
 }
 
-impl<B: Backend> RecordedAddresses<B> {
+impl<B: Backend + ?Sized> RecordedAddresses<B> {
     /// Wraps `inner`, handing out `recorded` (address, size) pairs in order.
     pub fn new(inner: Arc<B>, recorded: Vec<(DevicePtr, u64)>) -> RecordedAddresses<B> {
         let top = recorded
@@ -74,7 +74,7 @@ fn overlaps(live: &BTreeMap<DevicePtr, (DevicePtr, u64)>, addr: DevicePtr, size:
     before.is_some_and(|(a, (_, s))| a.saturating_add(*s) > addr)
 }
 
-impl<B: Backend> Backend for RecordedAddresses<B> {
+impl<B: Backend + ?Sized> Backend for RecordedAddresses<B> {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
