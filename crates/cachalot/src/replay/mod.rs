@@ -507,4 +507,33 @@ mod tests {
             assert_eq!(live, 64, "{policy}");
         }
     }
+
+    #[test]
+    fn observed_events_carry_the_recorded_times() {
+        struct Times(Mutex<Vec<(Action, u64)>>);
+        impl Observer for Times {
+            fn on_event(&self, e: &TraceEvent) {
+                self.0.lock().unwrap().push((e.action, e.time_us));
+            }
+        }
+        let mut p = plan_of(vec![alloc(0, 512), Op::Free { slot: 0 }], 1);
+        p.times_us = vec![1_000_000, 2_500_000];
+        let times = Arc::new(Times(Mutex::default()));
+        let device = Device::Simulated {
+            capacity: 100 * MIB,
+        };
+        let config = AllocatorConfig::default();
+        replay_on(&p, config, device, Some(times.clone()), &mut |_| {}).unwrap();
+        let seen = times.0.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [
+                (Action::SegmentAlloc, 1_000_000),
+                (Action::Alloc, 1_000_000),
+                (Action::FreeRequested, 2_500_000),
+                (Action::FreeCompleted, 2_500_000),
+            ],
+            "each event has its call's recorded time, not the replay's clock"
+        );
+    }
 }
