@@ -65,7 +65,8 @@ impl State {
     /// Counts and reports an out-of-memory failure.
     fn out_of_memory(&mut self, req: &Request) -> Error {
         let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        self.ledger.oom(req.requested, device_free, req.stream);
+        self.ledger
+            .out_of_memory(req.requested, device_free, req.stream);
         let stats = &self.ledger.stats;
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
