@@ -117,7 +117,6 @@
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
-mod audit;
 mod directory;
 mod heap;
 mod index;
@@ -129,6 +128,7 @@ mod reuse;
 mod slots;
 mod stream;
 mod tally;
+mod validate;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

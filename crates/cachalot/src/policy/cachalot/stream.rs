@@ -764,7 +764,7 @@ impl StreamState {
         let stats = self.ledger.stats();
         let mut pending_blocks = 0;
         for (p, pool) in self.pools.iter().enumerate() {
-            pending_blocks += super::audit::audit_pool(pool, &stats, p == 0)?;
+            pending_blocks += super::validate::validate_pool(pool, &stats, p == 0)?;
         }
         if pending_blocks != self.pending.len() {
             return Err(format!(
@@ -776,6 +776,6 @@ impl StreamState {
             self.find(*ptr)
                 .map_err(|e| format!("record_stream entry {ptr:#x}: {e}"))?;
         }
-        super::audit::audit_totals(&stats)
+        super::validate::validate_totals(&stats)
     }
 }

@@ -20,8 +20,12 @@ struct Sums {
 }
 
 /// Checks one pool against its indexes and `stats`; returns its pending blocks.
-pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Result<usize, String> {
-    let sums = audit_blocks(pool)?;
+pub(crate) fn validate_pool(
+    pool: &Pool,
+    stats: &MemoryStats,
+    small: bool,
+) -> Result<usize, String> {
+    let sums = validate_blocks(pool)?;
     let pick = |a: &StatArray| {
         if small {
             a.small_pool.current
@@ -110,7 +114,7 @@ fn pool_name(small: bool) -> &'static str {
 /// Walks every region: blocks tile it, free ones are indexed and merged, live
 /// ones are addressable, and (with pages) every live block's slots are mapped
 /// and counted.
-fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
+fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
     let mut sums = Sums::default();
     let mut users: HashMap<u32, u32> = HashMap::new();
     for region in pool.heap.regions() {
@@ -192,7 +196,7 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
 
 /// Checks that every `all` statistic is the sum of its pools and no peak is
 /// below its current value.
-pub(crate) fn audit_totals(stats: &MemoryStats) -> Result<(), String> {
+pub(crate) fn validate_totals(stats: &MemoryStats) -> Result<(), String> {
     let arrays = [
         ("allocation", &stats.allocation),
         ("segment", &stats.segment),
