@@ -3,11 +3,11 @@
 //! # Data structures
 //!
 //! * Each stream owns two **pools** (small: requests of 1 MiB or less; large),
-//!   each a **heap** (`heap`): blocks in an id-addressed arena tiling the pool's
-//!   regions, a best-fit index of free blocks (`index`: size classes found by
-//!   a bitmap, each a short vector by size, then address) and an address
-//!   index of live ones (`live`: a hash map, or in the large pool over a
-//!   reserved range a table with an entry per MiB). Blocks are 512-byte
+//!   each a **heap** (`heap`): blocks in a vector addressed by id, tiling the
+//!   pool's regions, a best-fit index of free blocks (`index`: size classes
+//!   found by a bitmap, each a short vector by size, then address) and an
+//!   address index of live ones (`live`: a hash map, or in the large pool over
+//!   a reserved range a table with an entry per MiB). Blocks are 512-byte
 //!   multiples.
 //! * The small pool (with virtual memory) keeps freed blocks unmerged in
 //!   exact-size lists (`reuse`) for the next request of that size; they go

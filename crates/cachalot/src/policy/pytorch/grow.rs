@@ -220,7 +220,7 @@ fn new_block(
 
 /// A head id to be replaced as soon as the head block exists.
 fn placeholder() -> BlockId {
-    <BlockId as crate::policy::arena::ArenaId>::from_index(0)
+    <BlockId as super::arena::ArenaId>::from_index(0)
 }
 
 fn out_of_memory_is_none<T>(e: BackendError) -> Result<Option<T>> {
