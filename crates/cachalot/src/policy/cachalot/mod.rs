@@ -140,7 +140,7 @@ use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{Error, FreeError, InvariantViolation, OomReport, Result, MAX_REQUEST};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
-use crate::stats::{MemoryStats, Stat, StatArray};
+use crate::stats::MemoryStats;
 
 use directory::{Directory, StreamEntry, MAX_STREAMS};
 use ledger::Ledger;
@@ -379,7 +379,7 @@ impl DeviceAllocator for CachalotAllocator {
     fn stats(&self) -> MemoryStats {
         let mut all = MemoryStats::new(self.config.max_split_size);
         for entry in self.streams.iter() {
-            add_stats(&mut all, &entry.lock().ledger.stats());
+            all.add(&entry.lock().ledger.stats());
         }
         all
     }
@@ -440,42 +440,4 @@ impl Drop for CachalotAllocator {
         // Best effort: live allocations keep their memory; the rest goes back.
         let _ = self.flush_all();
     }
-}
-
-fn add_stat(into: &mut Stat, from: &Stat) {
-    into.current += from.current;
-    into.peak += from.peak;
-    into.allocated += from.allocated;
-    into.freed += from.freed;
-}
-
-fn add_array(into: &mut StatArray, from: &StatArray) {
-    add_stat(&mut into.all, &from.all);
-    add_stat(&mut into.small_pool, &from.small_pool);
-    add_stat(&mut into.large_pool, &from.large_pool);
-}
-
-/// Adds one stream's statistics into `into` (peaks add up: an upper bound).
-fn add_stats(into: &mut MemoryStats, from: &MemoryStats) {
-    let pairs = [
-        (&mut into.allocation, &from.allocation),
-        (&mut into.segment, &from.segment),
-        (&mut into.active, &from.active),
-        (&mut into.inactive_split, &from.inactive_split),
-        (&mut into.allocated_bytes, &from.allocated_bytes),
-        (&mut into.reserved_bytes, &from.reserved_bytes),
-        (&mut into.active_bytes, &from.active_bytes),
-        (&mut into.inactive_split_bytes, &from.inactive_split_bytes),
-        (&mut into.requested_bytes, &from.requested_bytes),
-    ];
-    for (i, f) in pairs {
-        add_array(i, f);
-    }
-    add_stat(&mut into.oversize_allocations, &from.oversize_allocations);
-    add_stat(&mut into.oversize_segments, &from.oversize_segments);
-    into.num_alloc_retries += from.num_alloc_retries;
-    into.num_ooms += from.num_ooms;
-    into.num_sync_all_streams += from.num_sync_all_streams;
-    into.num_device_alloc += from.num_device_alloc;
-    into.num_device_free += from.num_device_free;
 }
