@@ -244,6 +244,12 @@ macro_rules! memory_stats {
                 $(self.$counter += other.$counter;)*
             }
 
+            /// Every family of per-pool statistics with its key name, in
+            /// declaration order.
+            pub(crate) fn arrays(&self) -> Vec<(&'static str, &StatArray)> {
+                vec![$((stringify!($array), &self.$array),)*]
+            }
+
             /// Every statistic under PyTorch's flattened key name
             /// (`allocated_bytes.all.current`, `num_ooms`, ...).
             pub fn to_map(&self) -> BTreeMap<String, i64> {
@@ -390,6 +396,13 @@ mod tests {
         assert_eq!(map["oversize_segments.peak"], 0);
         // 9 families x 3 pools x 4 + 2 singles x 4 + 5 counters + max_split_size
         assert_eq!(map.len(), 9 * 12 + 8 + 5 + 1);
+        assert_eq!(m.arrays().len(), 9);
+        for (name, array) in m.arrays() {
+            assert_eq!(
+                map[&format!("{name}.small_pool.peak")],
+                array.small_pool.peak
+            );
+        }
     }
 
     /// The numbers of a serialized [`MemoryStats`], which holds every field

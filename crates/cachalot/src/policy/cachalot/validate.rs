@@ -197,18 +197,7 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
 /// Checks that every `all` statistic is the sum of its pools and no peak is
 /// below its current value.
 pub(crate) fn validate_totals(stats: &MemoryStats) -> Result<(), String> {
-    let arrays = [
-        ("allocation", &stats.allocation),
-        ("segment", &stats.segment),
-        ("active", &stats.active),
-        ("inactive_split", &stats.inactive_split),
-        ("allocated_bytes", &stats.allocated_bytes),
-        ("reserved_bytes", &stats.reserved_bytes),
-        ("active_bytes", &stats.active_bytes),
-        ("inactive_split_bytes", &stats.inactive_split_bytes),
-        ("requested_bytes", &stats.requested_bytes),
-    ];
-    for (name, a) in arrays {
+    for (name, a) in stats.arrays() {
         if a.all.current != a.small_pool.current + a.large_pool.current {
             return Err(format!("{name}.all is not the sum of its pools"));
         }
