@@ -137,7 +137,7 @@ use std::time::Instant;
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{Error, FreeError, InvariantViolation, OomReport, Result, MAX_REQUEST};
+use crate::error::{check_request, Error, FreeError, InvariantViolation, OomReport, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -333,12 +333,7 @@ impl DeviceAllocator for CachalotAllocator {
         if size == 0 {
             return Ok(0);
         }
-        if size > MAX_REQUEST {
-            return Err(Error::TooLarge {
-                requested: size,
-                limit: MAX_REQUEST,
-            });
-        }
+        check_request(size)?;
         let rounded = size.div_ceil(ROUNDING) * ROUNDING;
         let entry = self.entry(stream)?;
         let first = entry.lock().malloc(&self.pages, rounded, size);

@@ -2,7 +2,7 @@
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
-use crate::error::{Error, OomReport, Result, MAX_REQUEST};
+use crate::error::{check_request, Error, OomReport, Result};
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -17,12 +17,7 @@ impl State {
         if size == 0 {
             return Ok(0);
         }
-        if size >= MAX_REQUEST {
-            return Err(Error::TooLarge {
-                requested: size,
-                limit: MAX_REQUEST,
-            });
-        }
+        check_request(size)?;
         self.process_events()?;
         let rounded = self.placement.round_size(size);
         let req = Request {
