@@ -15,8 +15,8 @@
 //!   page is mapped, on `empty_cache` and on out of memory. A churning
 //!   stream's large pool (below) keeps its last 16 freed blocks the same way.
 //! * With virtual memory, a pool's region is one reserved virtual range of twice
-//!   the device's memory, and `slots` tracks its 2 MiB page slots: which hold a
-//!   physical page, how many live blocks touch each, and the mapped slots no
+//!   the device's memory, and `cells` tracks its 2 MiB cells: which hold a
+//!   physical page, how many live blocks touch each, and the mapped cells no
 //!   block touches (cached pages), found by a clock sweep when one is needed.
 //! * `pages` is the device side all streams share: page and segment creation
 //!   counted against the memory fraction (one atomic, slow paths only).
@@ -75,7 +75,7 @@
 //! the stream; a small request of a size freed before pops its reuse list
 //! (a large one too, in a churning stream); otherwise one size-class lookup
 //! whose best fit is almost always fully mapped (a bit test), bump the users
-//! of its slots (the two end slots one by one, the others a run of bits),
+//! of its cells (the two end cells one by one, the others a run of bits),
 //! split, update statistics in `ledger` (its `tally` counts three families,
 //! four numbers each, and derives the active ones while nothing waits for
 //! another stream). `free`: find the stream by address (ranges
@@ -117,6 +117,7 @@
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
+mod cells;
 mod directory;
 mod heap;
 mod index;
@@ -125,7 +126,6 @@ mod live;
 mod pages;
 mod pool;
 mod reuse;
-mod slots;
 mod stream;
 mod tally;
 mod validate;
@@ -422,11 +422,11 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
-        let mut slot = self.observer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.observer.lock().unwrap_or_else(|e| e.into_inner());
         for entry in self.streams.iter() {
             entry.lock().ledger.set_observer(observer.clone());
         }
-        *slot = observer;
+        *current = observer;
     }
 }
 

@@ -34,7 +34,7 @@ pub(crate) fn validate_pool(
         }
     };
     let (reserved, segments) = pool.recount_reserved();
-    let split = if pool.slots.is_some() {
+    let split = if pool.cells.is_some() {
         (0, 0)
     } else {
         pool.heap.split_free()
@@ -112,7 +112,7 @@ fn pool_name(small: bool) -> &'static str {
 }
 
 /// Walks every region: blocks tile it, free ones are indexed and merged, live
-/// ones are addressable, and (with pages) every live block's slots are mapped
+/// ones are addressable, and (with pages) every live block's cells are mapped
 /// and counted.
 fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
     let mut sums = Sums::default();
@@ -150,11 +150,11 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
                 if !pool.is_kept(id) || pool.heap.live(b.addr) != Some(id) {
                     return Err(format!("kept block at {:#x} is misfiled", b.addr));
                 }
-                if let Some(slots) = &pool.slots {
-                    if !slots.all_mapped(b.addr, b.size) {
+                if let Some(cells) = &pool.cells {
+                    if !cells.all_mapped(b.addr, b.size) {
                         return Err(format!("kept block at {:#x} lost a page", b.addr));
                     }
-                    for s in slots.span(b.addr, b.size) {
+                    for s in cells.span(b.addr, b.size) {
                         *users.entry(s).or_default() += 1;
                     }
                 }
@@ -166,8 +166,8 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
                     b.addr
                 ));
             }
-            if let Some(slots) = &pool.slots {
-                for s in slots.span(b.addr, b.size) {
+            if let Some(cells) = &pool.cells {
+                for s in cells.span(b.addr, b.size) {
                     *users.entry(s).or_default() += 1;
                 }
             }
@@ -188,8 +188,8 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
             ));
         }
     }
-    if let Some(slots) = &pool.slots {
-        slots.check(|s| users.get(&s).copied().unwrap_or(0))?;
+    if let Some(cells) = &pool.cells {
+        cells.check(|s| users.get(&s).copied().unwrap_or(0))?;
     }
     Ok(sums)
 }
