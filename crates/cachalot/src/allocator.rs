@@ -31,8 +31,8 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     ///
     /// # Errors
     /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when even a flushed cache
-    /// leaves no room; [`Error::TooLarge`](crate::Error::TooLarge) above 1 EiB;
-    /// [`Error::Backend`](crate::Error::Backend) when the device fails.
+    /// leaves no room; [`Error::TooLarge`](crate::Error::TooLarge) at 1 EiB
+    /// or more; [`Error::Backend`](crate::Error::Backend) when the device fails.
     fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr>;
 
     /// Frees an allocation. Freeing the null address is a no-op. The block becomes

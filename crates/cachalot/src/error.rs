@@ -20,8 +20,27 @@ use crate::config::{ConfigError, PolicyKind};
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Requests above this many bytes (one exbibyte) are refused outright, as PyTorch does.
+/// The bound on a request: one exbibyte. A request of this many bytes or more is
+/// refused outright, as PyTorch 2.11's `allocate` refuses it (it accepts
+/// `size < one_exa_bytes`, 2^60); see [`is_too_large`].
 pub const MAX_REQUEST: u64 = 1 << 60;
+
+/// Whether a request of `size` bytes is refused outright: at least
+/// [`MAX_REQUEST`]. The one test both policies and both trace readers apply.
+pub const fn is_too_large(size: u64) -> bool {
+    size >= MAX_REQUEST
+}
+
+/// [`Error::TooLarge`] for a request of `size` bytes when [`is_too_large`] holds.
+pub(crate) fn check_request(size: u64) -> Result<()> {
+    if is_too_large(size) {
+        return Err(Error::TooLarge {
+            requested: size,
+            limit: MAX_REQUEST,
+        });
+    }
+    Ok(())
+}
 
 /// Everything an allocator call can fail with.
 #[derive(Clone, Debug, Error, PartialEq)]
@@ -30,12 +49,13 @@ pub enum Error {
     /// block. Remedy: free memory and retry.
     #[error("{0}")]
     OutOfMemory(Box<OomReport>),
-    /// The request exceeds what any device could hold. Remedy: ask for less.
-    #[error("out of memory: tried to allocate {requested} bytes, more than the {limit}-byte limit (1 EiB)")]
+    /// The request is at least one exbibyte, more than any device could hold.
+    /// Remedy: ask for less.
+    #[error("out of memory: tried to allocate {requested} bytes; a request must be under {limit} bytes (1 EiB)")]
     TooLarge {
         /// Bytes asked for.
         requested: u64,
-        /// The largest request accepted.
+        /// The bound every request must be under ([`MAX_REQUEST`]).
         limit: u64,
     },
     /// A free (or record_stream) of an address this allocator did not hand out,

@@ -22,6 +22,43 @@
 //! * **policy**: the rules that pick block and segment sizes, split, merge and
 //!   release: `pytorch` or `cachalot`.
 //! * **backend**: what provides segments, pages, streams and events: `sim` or `cuda`.
+//! * **slot**: a replay plan's number for one recorded allocation:
+//!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
+//!   a plan names allocations without their recorded addresses.
+//!
+//! The `cachalot` policy adds these:
+//!
+//! * **heap**: the blocks of one pool of one stream, tiling the pool's regions,
+//!   with a best-fit index of the free ones and an address index of the others
+//!   (allocated, pending or kept).
+//! * **region**: a range of addresses a heap places blocks in: with virtual
+//!   memory, the pool's one reserved virtual range (twice the device's memory);
+//!   without, each of the pool's device segments.
+//! * **cell**: a page-sized, page-aligned piece of a reserved range, where one
+//!   page can be mapped; *cached* when it holds a page that no live block
+//!   touches.
+//! * **run**: a maximal stretch of contiguous mapped cells. Each run counts as
+//!   one `segment` in the statistics and the snapshot, as PyTorch's snapshot
+//!   reports expandable segments.
+//! * **kept**: a freed block held unmerged, still in the address index, for the
+//!   next request of exactly its size: every freed block of the small pool with
+//!   virtual memory, and the last 16 freed large blocks of a churning stream
+//!   (neither with a release threshold; the second not with a churn slack of
+//!   0). Kept blocks merge back into the heap before any page is mapped, on
+//!   `empty_cache` and on out of memory.
+//! * **budget**: what a stream may reserve before it reuses what it holds
+//!   instead of asking the device for more. With virtual memory, mapped pages:
+//!   `1 + cachalot_reuse_slack` times the most pages the stream ever had in use
+//!   (plus `cachalot_churn_slack` while it churns), and at least that peak plus
+//!   `cachalot_reuse_min_mb`; at its budget a stream re-maps a cached page
+//!   instead of creating one. Without, reserved bytes up to 5% past the peak of
+//!   active bytes; beyond, idle segments go back before a new one is allocated.
+//! * **churn**: a stream churns when, since its peak of pages in use last grew,
+//!   it has re-mapped at least twice as many pages as it has mapped, over at
+//!   least 8 allocations per mapped page and at least one re-mapped page per
+//!   1000 allocations (its layout never repeats). Its budget then rises by
+//!   `cachalot_churn_slack` and its large pool keeps freed blocks, until that
+//!   pool gives its range back on `empty_cache`.
 //!
 //! ## Layers (dependencies point downward only)
 //!

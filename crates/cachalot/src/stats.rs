@@ -64,6 +64,21 @@ impl Stat {
         self.peak = self.current;
     }
 
+    /// Adds each number of `other` to this one's, the peak too (so the peak
+    /// is the sum of peaks, which bounds the peak of the sum from above).
+    pub(crate) fn add(&mut self, other: &Stat) {
+        let Stat {
+            current,
+            peak,
+            allocated,
+            freed,
+        } = *other;
+        self.current += current;
+        self.peak += peak;
+        self.allocated += allocated;
+        self.freed += freed;
+    }
+
     /// Zeroes the cumulative totals.
     pub fn reset_accumulated(&mut self) {
         self.allocated = 0;
@@ -167,6 +182,18 @@ impl StatArray {
         [&mut self.all, &mut self.small_pool, &mut self.large_pool]
     }
 
+    /// Adds `other`'s statistics pool by pool ([`Stat::add`]).
+    fn add(&mut self, other: &StatArray) {
+        let StatArray {
+            all,
+            small_pool,
+            large_pool,
+        } = other;
+        self.all.add(all);
+        self.small_pool.add(small_pool);
+        self.large_pool.add(large_pool);
+    }
+
     fn export(&self, name: &str, out: &mut BTreeMap<String, i64>) {
         for pool in [StatPool::All, StatPool::Small, StatPool::Large] {
             self.get(pool)
@@ -205,6 +232,22 @@ macro_rules! memory_stats {
                 $(for s in self.$array.each_mut() { s.reset_accumulated(); })*
                 $(self.$single.reset_accumulated();)*
                 $(self.$counter = 0;)*
+            }
+
+            /// Adds `other`'s statistics and counters to these, number by
+            /// number ([`Stat::add`]: peaks add up too); `max_split_size`, a
+            /// setting, stays. Generated from the lists that declare the
+            /// fields, so a statistic added to them is summed too.
+            pub(crate) fn add(&mut self, other: &MemoryStats) {
+                $(self.$array.add(&other.$array);)*
+                $(self.$single.add(&other.$single);)*
+                $(self.$counter += other.$counter;)*
+            }
+
+            /// Every family of per-pool statistics with its key name, in
+            /// declaration order.
+            pub(crate) fn arrays(&self) -> Vec<(&'static str, &StatArray)> {
+                vec![$((stringify!($array), &self.$array),)*]
             }
 
             /// Every statistic under PyTorch's flattened key name
@@ -316,6 +359,7 @@ impl MemoryStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn stat_tracks_peak_and_totals() {
@@ -352,5 +396,52 @@ mod tests {
         assert_eq!(map["oversize_segments.peak"], 0);
         // 9 families x 3 pools x 4 + 2 singles x 4 + 5 counters + max_split_size
         assert_eq!(map.len(), 9 * 12 + 8 + 5 + 1);
+        assert_eq!(m.arrays().len(), 9);
+        for (name, array) in m.arrays() {
+            assert_eq!(
+                map[&format!("{name}.small_pool.peak")],
+                array.small_pool.peak
+            );
+        }
+    }
+
+    /// The numbers of a serialized [`MemoryStats`], which holds every field
+    /// whether or not the macro's lists declare it, with their paths.
+    fn leaves<'a>(value: &'a mut Value, path: &str, out: &mut Vec<(String, &'a mut Value)>) {
+        match value {
+            Value::Object(fields) => {
+                for (name, field) in fields.iter_mut() {
+                    leaves(field, &format!("{path}.{name}"), out);
+                }
+            }
+            number => out.push((path.to_string(), number)),
+        }
+    }
+
+    #[test]
+    fn add_sums_every_number_but_the_split_limit() {
+        let mut value = serde_json::to_value(MemoryStats::default()).unwrap();
+        let mut numbers = Vec::new();
+        leaves(&mut value, "", &mut numbers);
+        for (i, (_, number)) in numbers.into_iter().enumerate() {
+            *number = Value::from(i + 1);
+        }
+        let one: MemoryStats = serde_json::from_value(value).unwrap();
+        let mut two = one.clone();
+        two.add(&one);
+        let declared = one.to_numbers().len();
+        let (mut one, mut two) = (
+            serde_json::to_value(one).unwrap(),
+            serde_json::to_value(two).unwrap(),
+        );
+        let (mut ones, mut twos) = (Vec::new(), Vec::new());
+        leaves(&mut one, "", &mut ones);
+        leaves(&mut two, "", &mut twos);
+        assert_eq!(ones.len(), declared);
+        for ((path, x), (_, sum)) in ones.iter().zip(&twos) {
+            let x = x.as_i64().unwrap();
+            let want = if path == ".max_split_size" { x } else { 2 * x };
+            assert_eq!(sum.as_i64(), Some(want), "{path}");
+        }
     }
 }

@@ -20,18 +20,21 @@ fn zero_size_is_null_without_stat_change() {
 }
 
 #[test]
-fn over_one_exabyte_is_too_large() {
+fn one_exbibyte_or_more_is_too_large() {
     let a = allocator();
-    assert!(
-        a.malloc(MAX_REQUEST, StreamId(0)).is_err(),
-        "1 EiB does not fit an H100"
-    );
-    match a.malloc(MAX_REQUEST + 1, StreamId(0)) {
-        Err(Error::TooLarge { requested, limit }) => {
-            assert_eq!((requested, limit), (MAX_REQUEST + 1, MAX_REQUEST))
+    for size in [MAX_REQUEST, MAX_REQUEST + 1] {
+        match a.malloc(size, StreamId(0)) {
+            Err(Error::TooLarge { requested, limit }) => {
+                assert_eq!((requested, limit), (size, MAX_REQUEST))
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
+    assert_eq!(
+        a.malloc(MAX_REQUEST, StreamId(0)).unwrap_err().to_string(),
+        "out of memory: tried to allocate 1152921504606846976 bytes; \
+         a request must be under 1152921504606846976 bytes (1 EiB)"
+    );
     a.validate().unwrap();
 }
 

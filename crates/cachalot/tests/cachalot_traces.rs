@@ -204,7 +204,7 @@ fn a_churning_stream_stays_in_place() {
     // Placing each block at the lowest of the windows needing the fewest new
     // pages keeps bert_dynamic's pages where they are; with ties broken by
     // free block size instead, its mapped run crept 12 pages up the range
-    // at every pass (and the slots and live table grew with it).
+    // at every pass (and the cells and live table grew with it).
     let (sim, alloc) = allocator("", true);
     let ops = trace::load("bert_dynamic");
     let mut tops = Vec::new();

@@ -5,7 +5,6 @@
 //! * [`cachalot`]: cachalot's own policy: pages mapped under live blocks only,
 //!   per-stream state, near-zero fragmentation.
 
-pub(crate) mod arena;
 pub mod cachalot;
 pub mod pytorch;
 

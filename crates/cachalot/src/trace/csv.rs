@@ -6,7 +6,7 @@ use std::num::{IntErrorKind, ParseIntError};
 
 use super::{io_error, ReadLimits, TraceError};
 use crate::backend::StreamId;
-use crate::error::MAX_REQUEST;
+use crate::error::{is_too_large, MAX_REQUEST};
 use crate::event::{Action, TraceEvent};
 
 /// The header every trace CSV starts with.
@@ -136,12 +136,12 @@ fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
             .next()
             .ok_or_else(|| format!("missing field '{name}'"))
     };
-    let time_us = number(field("time_us")?, "time_us", u64::MAX)?;
+    let time_us = number(field("time_us")?, "time_us")?;
     let action_text = field("action")?;
     let action: Action = action_text.trim().parse()?;
-    let addr = number(field("addr")?, "addr", u64::MAX)?;
-    let size = number(field("size")?, "size", MAX_REQUEST)?;
-    let stream = number(field("stream")?, "stream", u64::MAX)?;
+    let addr = number(field("addr")?, "addr")?;
+    let size = request_size(field("size")?)?;
+    let stream = number(field("stream")?, "stream")?;
     if fields.next().is_some() {
         return Err("more than 5 fields".into());
     }
@@ -154,25 +154,30 @@ fn parse_line(line: &[u8]) -> Result<TraceEvent, String> {
     })
 }
 
-/// A field's value: a non-negative integer of at most `max`.
-fn number(text: &str, name: &str, max: u64) -> Result<u64, String> {
-    let too_large = || {
-        format!(
-            "field '{name}': {} is too large (at most {max})",
-            text.trim()
-        )
-    };
-    let value = text.trim().parse().map_err(|e: ParseIntError| {
+/// The `size` field: a request PyTorch would take (not [`is_too_large`]).
+fn request_size(text: &str) -> Result<u64, String> {
+    let size = number(text, "size")?;
+    if is_too_large(size) {
+        return Err(format!(
+            "field 'size': {size} is too large (a request must be under {MAX_REQUEST})"
+        ));
+    }
+    Ok(size)
+}
+
+/// A field's value: a non-negative integer that fits 64 bits.
+fn number(text: &str, name: &str) -> Result<u64, String> {
+    text.trim().parse().map_err(|e: ParseIntError| {
         if *e.kind() == IntErrorKind::PosOverflow {
-            too_large()
+            format!(
+                "field '{name}': {} is too large (at most {})",
+                text.trim(),
+                u64::MAX
+            )
         } else {
             format!("field '{name}': '{text}' is not a non-negative integer")
         }
-    })?;
-    if value > max {
-        return Err(too_large());
-    }
-    Ok(value)
+    })
 }
 
 #[cfg(test)]
@@ -242,12 +247,18 @@ mod tests {
         };
         assert_eq!(
             reason("1,alloc,1,100000000000000000000,0"),
-            "field 'size': 100000000000000000000 is too large (at most 1152921504606846976)"
+            "field 'size': 100000000000000000000 is too large (at most 18446744073709551615)"
         );
-        assert_eq!(
-            reason("1,alloc,1,1152921504606846977,0"),
-            "field 'size': 1152921504606846977 is too large (at most 1152921504606846976)"
-        );
+        for size in [MAX_REQUEST, MAX_REQUEST + 1] {
+            assert_eq!(
+                reason(&format!("1,alloc,1,{size},0")),
+                format!(
+                    "field 'size': {size} is too large (a request must be under 1152921504606846976)"
+                )
+            );
+        }
+        let largest = read(&format!("{head}1,alloc,1,{},0\n", MAX_REQUEST - 1)).unwrap();
+        assert_eq!(largest[0].size, MAX_REQUEST - 1);
         assert_eq!(
             reason("1,alloc,18446744073709551616,1,0"),
             "field 'addr': 18446744073709551616 is too large (at most 18446744073709551615)"

@@ -15,7 +15,7 @@ use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::{guard, io_error, Origin, ReadLimits, Recording, TraceError};
 use crate::backend::StreamId;
-use crate::error::MAX_REQUEST;
+use crate::error::{is_too_large, MAX_REQUEST};
 use crate::event::{Action, TraceEvent};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
@@ -236,10 +236,10 @@ fn boolean(value: &Value, path: &str) -> Result<bool, TraceError> {
 
 fn size(value: &Value, path: &str) -> Result<u64, TraceError> {
     let n = uint(value, path)?;
-    if n > MAX_REQUEST {
+    if is_too_large(n) {
         return Err(TraceError::schema(
             path,
-            format!("size {n} exceeds the {MAX_REQUEST}-byte limit"),
+            format!("size {n} is too large (a request must be under {MAX_REQUEST})"),
         ));
     }
     Ok(n)
@@ -347,10 +347,15 @@ mod tests {
     }
 
     fn minimal(addr: Value) -> Value {
+        with_size(addr, 512)
+    }
+
+    /// A snapshot of one `alloc` of `size` bytes at `addr`.
+    fn with_size(addr: Value, size: i64) -> Value {
         let event = Value::Dict(BTreeMap::from([
             (s("action"), Value::String("alloc".into())),
             (s("addr"), addr),
-            (s("size"), Value::I64(512)),
+            (s("size"), Value::I64(size)),
             (s("stream"), Value::I64(0)),
             (s("time_us"), Value::I64(1)),
         ]));
@@ -401,6 +406,17 @@ mod tests {
         let snap = snapshot_from_slice(&bytes, &ReadLimits::default()).unwrap();
         assert_eq!(snap.device_traces[0][0].addr, u64::MAX);
         assert_eq!(snap.conf.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn sizes_of_one_exbibyte_or_more_are_refused() {
+        let read = |size: u64| snapshot_from_value(&with_size(Value::I64(4096), size as i64));
+        let largest = read(MAX_REQUEST - 1).unwrap();
+        assert_eq!(largest.device_traces[0][0].size, MAX_REQUEST - 1);
+        for size in [MAX_REQUEST, MAX_REQUEST + 1] {
+            let err = read(size).unwrap_err().to_string();
+            assert!(err.contains(&format!("size {size} is too large")), "{err}");
+        }
     }
 
     fn num_from(n: u64) -> num_bigint::BigInt {

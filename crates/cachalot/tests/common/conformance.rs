@@ -37,15 +37,22 @@ pub fn zero_size_is_null(a: &dyn DeviceAllocator) {
     valid(a);
 }
 
-/// Requests above 1 EiB are refused with a typed error.
+/// Requests of 1 EiB or more are refused with a typed error before any attempt,
+/// as PyTorch refuses them; a byte less is an ordinary request, which no
+/// device can meet: out of memory.
 pub fn absurd_size_is_too_large(a: &dyn DeviceAllocator) {
-    let e = a.malloc(MAX_REQUEST + 1, S0).unwrap_err();
-    assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
-    assert!(matches!(
-        a.malloc(u64::MAX, S0),
-        Err(Error::TooLarge { .. })
-    ));
+    for size in [MAX_REQUEST, MAX_REQUEST + 1, u64::MAX] {
+        match a.malloc(size, S0) {
+            Err(Error::TooLarge { requested, limit }) => {
+                assert_eq!((requested, limit), (size, MAX_REQUEST))
+            }
+            other => panic!("{size} bytes: {other:?}"),
+        }
+    }
     assert_eq!(a.stats().num_ooms, 0);
+    let e = a.malloc(MAX_REQUEST - 1, S0).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e:?}");
+    assert_eq!(a.stats().num_ooms, 1);
     valid(a);
 }
 

@@ -124,10 +124,10 @@ impl Directory {
             return Some(e);
         }
         let n = self.len.load(Ordering::Acquire);
-        let slot = self.entries.get(n)?;
+        let next = self.entries.get(n)?;
         let ranges = std::sync::Arc::new(RangeTable::default());
         let state = Isolated(StreamLock::new(make(ranges.clone())));
-        let entry = slot.get_or_init(|| StreamEntry {
+        let entry = next.get_or_init(|| StreamEntry {
             stream,
             ranges,
             state,

@@ -3,10 +3,13 @@
 //! of the free blocks and an address index of the others.
 //!
 //! Pure placement: the heap never calls the backend and knows nothing of pages.
-//! Blocks live in an id-addressed arena and link to their neighbours in the same
-//! region, so a free finds its free neighbours at once; each merge costs an
-//! index removal (a size class found by a bitmap, then a search of its short
-//! vector).
+//! Blocks live in a vector addressed by id (freed entries are reused) and link
+//! to their neighbours in the same region, so a free finds its free neighbours
+//! at once; each merge costs an index removal (a size class found by a bitmap,
+//! then a search of its short vector). The vector is plain, not the pytorch
+//! policy's arena, whose check of the entry at every access cost this policy
+//! 7 to 8% per operation on three of the four bundled traces
+//! (`benches/policies.rs`).
 
 use std::collections::BTreeMap;
 

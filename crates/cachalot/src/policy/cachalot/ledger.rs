@@ -1,7 +1,9 @@
 //! A stream's statistics and events, changed in one place: every block and
 //! page transition of the policy goes through one method here, which updates
 //! the statistics (the five every allocation changes in a [`Tally`], the rest
-//! in a [`MemoryStats`]) and tells the observer.
+//! in a [`MemoryStats`]) and tells the observer. Methods are named for their
+//! transition in the past tense (`allocated`, `segment_freed`,
+//! `out_of_memory`, ...), with the same names as the pytorch policy's ledger.
 
 use std::fmt;
 use std::sync::Arc;

@@ -3,11 +3,11 @@
 //! # Data structures
 //!
 //! * Each stream owns two **pools** (small: requests of 1 MiB or less; large),
-//!   each a **heap** (`heap`): blocks in an id-addressed arena tiling the pool's
-//!   regions, a best-fit index of free blocks (`index`: size classes found by
-//!   a bitmap, each a short vector by size, then address) and an address
-//!   index of live ones (`live`: a hash map, or in the large pool over a
-//!   reserved range a table with an entry per MiB). Blocks are 512-byte
+//!   each a **heap** (`heap`): blocks in a vector addressed by id, tiling the
+//!   pool's regions, a best-fit index of free blocks (`index`: size classes
+//!   found by a bitmap, each a short vector by size, then address) and an
+//!   address index of live ones (`live`: a hash map, or in the large pool over
+//!   a reserved range a table with an entry per MiB). Blocks are 512-byte
 //!   multiples.
 //! * The small pool (with virtual memory) keeps freed blocks unmerged in
 //!   exact-size lists (`reuse`) for the next request of that size; they go
@@ -15,8 +15,8 @@
 //!   page is mapped, on `empty_cache` and on out of memory. A churning
 //!   stream's large pool (below) keeps its last 16 freed blocks the same way.
 //! * With virtual memory, a pool's region is one reserved virtual range of twice
-//!   the device's memory, and `slots` tracks its 2 MiB page slots: which hold a
-//!   physical page, how many live blocks touch each, and the mapped slots no
+//!   the device's memory, and `cells` tracks its 2 MiB cells: which hold a
+//!   physical page, how many live blocks touch each, and the mapped cells no
 //!   block touches (cached pages), found by a clock sweep when one is needed.
 //! * `pages` is the device side all streams share: page and segment creation
 //!   counted against the memory fraction (one atomic, slow paths only).
@@ -75,7 +75,7 @@
 //! the stream; a small request of a size freed before pops its reuse list
 //! (a large one too, in a churning stream); otherwise one size-class lookup
 //! whose best fit is almost always fully mapped (a bit test), bump the users
-//! of its slots (the two end slots one by one, the others a run of bits),
+//! of its cells (the two end cells one by one, the others a run of bits),
 //! split, update statistics in `ledger` (its `tally` counts three families,
 //! four numbers each, and derives the active ones while nothing waits for
 //! another stream). `free`: find the stream by address (ranges
@@ -117,7 +117,7 @@
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
-mod audit;
+mod cells;
 mod directory;
 mod heap;
 mod index;
@@ -126,9 +126,9 @@ mod live;
 mod pages;
 mod pool;
 mod reuse;
-mod slots;
 mod stream;
 mod tally;
+mod validate;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -137,10 +137,10 @@ use std::time::Instant;
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{Error, FreeError, InvariantViolation, OomReport, Result, MAX_REQUEST};
+use crate::error::{check_request, Error, FreeError, InvariantViolation, OomReport, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
-use crate::stats::{MemoryStats, Stat, StatArray};
+use crate::stats::MemoryStats;
 
 use directory::{Directory, StreamEntry, MAX_STREAMS};
 use ledger::Ledger;
@@ -333,12 +333,7 @@ impl DeviceAllocator for CachalotAllocator {
         if size == 0 {
             return Ok(0);
         }
-        if size > MAX_REQUEST {
-            return Err(Error::TooLarge {
-                requested: size,
-                limit: MAX_REQUEST,
-            });
-        }
+        check_request(size)?;
         let rounded = size.div_ceil(ROUNDING) * ROUNDING;
         let entry = self.entry(stream)?;
         let first = entry.lock().malloc(&self.pages, rounded, size);
@@ -379,7 +374,7 @@ impl DeviceAllocator for CachalotAllocator {
     fn stats(&self) -> MemoryStats {
         let mut all = MemoryStats::new(self.config.max_split_size);
         for entry in self.streams.iter() {
-            add_stats(&mut all, &entry.lock().ledger.stats());
+            all.add(&entry.lock().ledger.stats());
         }
         all
     }
@@ -427,11 +422,11 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
-        let mut slot = self.observer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.observer.lock().unwrap_or_else(|e| e.into_inner());
         for entry in self.streams.iter() {
             entry.lock().ledger.set_observer(observer.clone());
         }
-        *slot = observer;
+        *current = observer;
     }
 }
 
@@ -440,42 +435,4 @@ impl Drop for CachalotAllocator {
         // Best effort: live allocations keep their memory; the rest goes back.
         let _ = self.flush_all();
     }
-}
-
-fn add_stat(into: &mut Stat, from: &Stat) {
-    into.current += from.current;
-    into.peak += from.peak;
-    into.allocated += from.allocated;
-    into.freed += from.freed;
-}
-
-fn add_array(into: &mut StatArray, from: &StatArray) {
-    add_stat(&mut into.all, &from.all);
-    add_stat(&mut into.small_pool, &from.small_pool);
-    add_stat(&mut into.large_pool, &from.large_pool);
-}
-
-/// Adds one stream's statistics into `into` (peaks add up: an upper bound).
-fn add_stats(into: &mut MemoryStats, from: &MemoryStats) {
-    let pairs = [
-        (&mut into.allocation, &from.allocation),
-        (&mut into.segment, &from.segment),
-        (&mut into.active, &from.active),
-        (&mut into.inactive_split, &from.inactive_split),
-        (&mut into.allocated_bytes, &from.allocated_bytes),
-        (&mut into.reserved_bytes, &from.reserved_bytes),
-        (&mut into.active_bytes, &from.active_bytes),
-        (&mut into.inactive_split_bytes, &from.inactive_split_bytes),
-        (&mut into.requested_bytes, &from.requested_bytes),
-    ];
-    for (i, f) in pairs {
-        add_array(i, f);
-    }
-    add_stat(&mut into.oversize_allocations, &from.oversize_allocations);
-    add_stat(&mut into.oversize_segments, &from.oversize_segments);
-    into.num_alloc_retries += from.num_alloc_retries;
-    into.num_ooms += from.num_ooms;
-    into.num_sync_all_streams += from.num_sync_all_streams;
-    into.num_device_alloc += from.num_device_alloc;
-    into.num_device_free += from.num_device_free;
 }

@@ -34,7 +34,7 @@ impl fmt::Debug for Pages {
 impl Pages {
     /// Pages of the backend's granularity.
     /// A granularity that is not a power of two (no GPU has one) is treated
-    /// as no virtual memory: page slots are found by shifts.
+    /// as no virtual memory: cells are found by shifts.
     pub(crate) fn new(backend: Arc<dyn Backend>) -> Pages {
         let granularity = Some(backend.capabilities().granularity)
             .filter(|g| g.is_power_of_two())

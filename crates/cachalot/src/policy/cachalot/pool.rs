@@ -1,5 +1,5 @@
 //! One pool (small or large) of one stream: its block heap and, with virtual
-//! memory, its reserved range and page slots; without, its device segments.
+//! memory, its reserved range and cells; without, its device segments.
 //!
 //! Placement is mapping-aware best fit: the smallest free block whose pages are
 //! already mapped wins, so the common case is a free-list hit with no driver
@@ -9,11 +9,11 @@
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
+use super::cells::Cells;
 use super::heap::{BlockId, Heap, State};
 use super::ledger::Ledger;
 use super::pages::Pages;
 use super::reuse::{Kept, Recent, Reuse};
-use super::slots::Slots;
 
 /// Requests of at most this many bytes go to the small pool.
 pub(crate) const SMALL_MAX: u64 = 1 << 20;
@@ -59,8 +59,8 @@ pub(crate) struct Pool {
     pub(crate) small: bool,
     /// Its blocks.
     pub(crate) heap: Heap,
-    /// Page slots of the reserved range (virtual memory only, once reserved).
-    pub(crate) slots: Option<Slots>,
+    /// The cells of the reserved range (virtual memory only, once reserved).
+    pub(crate) cells: Option<Cells>,
     range: Option<(u64, u64)>,
     /// Freed blocks kept for exact-size reuse (see [`Pool::keeps_freed`]).
     kept: Kept,
@@ -75,7 +75,7 @@ impl Pool {
         Pool {
             small,
             heap: Heap::default(),
-            slots: None,
+            cells: None,
             range: None,
             kept: if small {
                 Kept::Lists(Reuse::default())
@@ -127,7 +127,7 @@ impl Pool {
         Some(self.heap.block(id).addr)
     }
 
-    /// Merges every kept block back into the heap and releases its slots.
+    /// Merges every kept block back into the heap and releases its cells.
     pub(crate) fn release_kept(&mut self) {
         if self.kept.len() == 0 {
             return;
@@ -157,8 +157,8 @@ impl Pool {
     fn merge_kept(&mut self, size: u64, id: BlockId) {
         self.kept_pages -= self.pages_of(id);
         let addr = self.heap.block(id).addr;
-        if let Some(slots) = self.slots.as_mut() {
-            slots.release_mapped(slots.span(addr, size));
+        if let Some(cells) = self.cells.as_mut() {
+            cells.release_mapped(cells.span(addr, size));
         }
         self.heap.take_live(addr);
         self.heap.release(id);
@@ -168,10 +168,10 @@ impl Pool {
     /// bound: a page it shares with a live neighbour counts too); the small
     /// pool's kept blocks count as pages in use.
     fn pages_of(&self, id: BlockId) -> u64 {
-        match (&self.slots, self.small) {
-            (Some(slots), false) => {
+        match (&self.cells, self.small) {
+            (Some(cells), false) => {
                 let b = self.heap.block(id);
-                slots.span(b.addr, b.size).len() as u64
+                cells.span(b.addr, b.size).len() as u64
             }
             _ => 0,
         }
@@ -180,7 +180,7 @@ impl Pool {
     /// Pages live blocks touch, less those only the large pool's kept blocks
     /// hold (see [`Pool::pages_of`]).
     pub(crate) fn in_use(&self) -> u64 {
-        self.slots
+        self.cells
             .as_ref()
             .map_or(0, |s| s.in_use().saturating_sub(self.kept_pages))
     }
@@ -214,7 +214,7 @@ impl Pool {
         }
         self.heap.skip_split_counts();
         self.heap.add_region(base, size);
-        self.slots = Some(Slots::new(base, pages.granularity()));
+        self.cells = Some(Cells::new(base, pages.granularity()));
         self.range = Some((base, size));
         Ok(())
     }
@@ -224,7 +224,7 @@ impl Pool {
         let Some((base, size)) = self.range else {
             return Ok(());
         };
-        let mapped = self.slots.as_ref().map_or(0, Slots::mapped);
+        let mapped = self.cells.as_ref().map_or(0, Cells::mapped);
         if mapped > 0 || self.heap.live_count() > 0 {
             return Ok(());
         }
@@ -235,7 +235,7 @@ impl Pool {
 
     /// Chooses where `size` bytes go, or `None` when no free block is that large.
     pub(crate) fn place(&self, size: u64) -> Option<Placement> {
-        let Some(slots) = &self.slots else {
+        let Some(cells) = &self.cells else {
             let (id, b) = self.heap.best_fit(size)?;
             return Some(Placement {
                 id,
@@ -245,26 +245,26 @@ impl Pool {
         };
         // The usual case: the best fit lies on mapped pages.
         let (id, b) = self.heap.best_fit(size)?;
-        if slots.all_mapped(b.addr, size) {
+        if cells.all_mapped(b.addr, size) {
             return Some(Placement {
                 id,
                 at: b.addr,
                 unmapped: 0,
             });
         }
-        self.place_mapping(slots, size)
+        self.place_mapping(cells, size)
     }
 
     /// Placement when the best fit's first pages are not all mapped: a near fit
     /// on mapped pages, else the placement needing the fewest new pages.
-    fn place_mapping(&self, slots: &Slots, size: u64) -> Option<Placement> {
+    fn place_mapping(&self, cells: &Cells, size: u64) -> Option<Placement> {
         let mut best: Option<Placement> = None;
         for (k, (id, b)) in self.heap.fits(size).enumerate() {
             if k >= SCAN && best.is_some() {
                 break;
             }
             for at in [b.addr, b.end() - size] {
-                let unmapped = slots.unmapped_in(slots.span(at, size));
+                let unmapped = cells.unmapped_in(cells.span(at, size));
                 if best.is_none_or(|p| unmapped < p.unmapped) {
                     best = Some(Placement { id, at, unmapped });
                 }
@@ -280,7 +280,7 @@ impl Pool {
         // them too, first for a window on mapped pages (a fast bitmap scan),
         // then for the placement needing the fewest new pages (each a remap).
         for (id, b) in self.heap.fits(size) {
-            if let Some(at) = slots.mapped_window(b.addr, b.end(), size) {
+            if let Some(at) = cells.mapped_window(b.addr, b.end(), size) {
                 return Some(Placement {
                     id,
                     at,
@@ -290,10 +290,10 @@ impl Pool {
         }
         // Ties go to the lowest address: with ties in best-fit order, the
         // pages of a stream whose layout keeps changing crept up its range
-        // (bert_dynamic's by 12 pages at every pass, for good; its slots and
+        // (bert_dynamic's by 12 pages at every pass, for good; its cells and
         // live table grew with them, and so did the cost per operation).
         for (id, b) in self.heap.fits(size) {
-            let Some((at, unmapped)) = slots.best_window(b.addr, b.end(), size) else {
+            let Some((at, unmapped)) = cells.best_window(b.addr, b.end(), size) else {
                 continue;
             };
             if best.is_none_or(|p| (unmapped, at) < (p.unmapped, p.at)) {
@@ -326,52 +326,52 @@ impl Pool {
         Ok(())
     }
 
-    /// Maps `page` at `slot`; the caller keeps the page on failure.
-    pub(crate) fn map_slot(
+    /// Maps `page` at `cell`; the caller keeps the page on failure.
+    pub(crate) fn map_cell(
         &mut self,
         pages: &Pages,
         ledger: &mut Ledger,
-        slot: u32,
+        cell: u32,
         page: PageHandle,
     ) -> BackendResult<()> {
-        let slots = self.slots.as_mut().ok_or(BackendError::Unsupported {
+        let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
             call: CallKind::Map,
             backend: "segments",
         })?;
-        let addr = slots.addr(slot);
+        let addr = cells.addr(cell);
         pages.backend().map(addr, page)?;
-        let runs = slots.runs();
-        slots.install(slot, page);
+        let runs = cells.runs();
+        cells.install(cell, page);
         ledger.mapped(
             self.small,
             addr,
-            slots.granularity(),
-            slots.runs() as i64 - runs as i64,
+            cells.granularity(),
+            cells.runs() as i64 - runs as i64,
         );
         Ok(())
     }
 
-    /// Unmaps the page of an unused `slot` and returns it.
-    pub(crate) fn unmap_slot(
+    /// Unmaps the page of an unused `cell` and returns it.
+    pub(crate) fn unmap_cell(
         &mut self,
         pages: &Pages,
         ledger: &mut Ledger,
-        slot: u32,
+        cell: u32,
     ) -> BackendResult<PageHandle> {
-        let slots = self.slots.as_mut().ok_or(BackendError::Unsupported {
+        let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
             call: CallKind::Unmap,
             backend: "segments",
         })?;
-        let (addr, g) = (slots.addr(slot), slots.granularity());
+        let (addr, g) = (cells.addr(cell), cells.granularity());
         pages.backend().unmap(addr, g)?;
-        let runs = slots.runs();
-        let page = slots
-            .uninstall(slot)
+        let runs = cells.runs();
+        let page = cells
+            .uninstall(cell)
             .ok_or_else(|| BackendError::InvalidArgument {
                 call: CallKind::Unmap,
-                reason: format!("slot at {addr:#x} was not an unused mapped page"),
+                reason: format!("cell at {addr:#x} was not an unused mapped page"),
             })?;
-        ledger.unmapped(self.small, addr, g, slots.runs() as i64 - runs as i64);
+        ledger.unmapped(self.small, addr, g, cells.runs() as i64 - runs as i64);
         Ok(page)
     }
 
@@ -383,16 +383,16 @@ impl Pool {
         ledger: &mut Ledger,
         span: std::ops::Range<u32>,
     ) -> BackendResult<()> {
-        let Some(slots) = &self.slots else {
+        let Some(cells) = &self.cells else {
             return Ok(());
         };
-        let idle: Vec<u32> = slots
-            .cached_slots()
+        let idle: Vec<u32> = cells
+            .cached_cells()
             .into_iter()
             .filter(|s| span.contains(s))
             .collect();
-        for slot in idle {
-            let page = self.unmap_slot(pages, ledger, slot)?;
+        for cell in idle {
+            let page = self.unmap_cell(pages, ledger, cell)?;
             pages.release_page(page)?;
         }
         Ok(())
@@ -400,7 +400,7 @@ impl Pool {
 
     /// Bytes mapped but unused (virtual memory) or in idle segments.
     pub(crate) fn cached_bytes(&self) -> u64 {
-        match &self.slots {
+        match &self.cells {
             Some(s) => s.cached() * s.granularity(),
             None => self.heap.idle_regions().iter().map(|(_, size)| size).sum(),
         }
@@ -414,7 +414,7 @@ impl Pool {
         ledger: &mut Ledger,
         keep: u64,
     ) -> BackendResult<()> {
-        if self.slots.is_none() {
+        if self.cells.is_none() {
             for (base, size) in self.heap.idle_regions() {
                 let before = self.heap.split_free();
                 self.heap.remove_region(base);
@@ -428,15 +428,15 @@ impl Pool {
         }
         self.release_kept();
         let cold = self
-            .slots
+            .cells
             .as_ref()
-            .map(Slots::cached_slots)
+            .map(Cells::cached_cells)
             .unwrap_or_default();
-        for slot in cold {
+        for cell in cold {
             if self.cached_bytes() <= keep {
                 break;
             }
-            let page = self.unmap_slot(pages, ledger, slot)?;
+            let page = self.unmap_cell(pages, ledger, cell)?;
             pages.release_page(page)?;
         }
         Ok(())
@@ -444,7 +444,7 @@ impl Pool {
 
     /// Reserved bytes and segment count, recounted from the pool's state.
     pub(crate) fn recount_reserved(&self) -> (u64, u64) {
-        match &self.slots {
+        match &self.cells {
             Some(s) => (s.mapped() * s.granularity(), s.runs()),
             None => (
                 self.heap.regions().map(|r| r.size).sum(),
@@ -459,7 +459,7 @@ impl Pool {
         device: usize,
         stream: crate::backend::StreamId,
     ) -> Vec<SegmentInfo> {
-        let spans: Vec<(u64, u64)> = match &self.slots {
+        let spans: Vec<(u64, u64)> = match &self.cells {
             Some(s) => s.mapped_runs(),
             None => self.heap.regions().map(|r| (r.base, r.size)).collect(),
         };
@@ -494,7 +494,7 @@ impl Pool {
                 total_size: size,
                 stream,
                 is_small: self.small,
-                is_expandable: self.slots.is_some(),
+                is_expandable: self.cells.is_some(),
                 blocks: clipped.collect(),
             });
         }
@@ -514,15 +514,15 @@ mod tests {
         let mut pool = Pool::new(false, false);
         let base = 1 << 40;
         pool.heap.add_region(base, 64 * G);
-        let mut slots = Slots::new(base, G);
+        let mut cells = Cells::new(base, G);
         let (id, _) = pool.heap.fits(G).next().unwrap();
         // Two blocks of 4 MiB, one 8 MiB: free the second 4 MiB only after mapping it.
         let a = pool.heap.carve(id, base, 4 * G, 1);
-        slots.install(0, PageHandle(1));
-        slots.install(1, PageHandle(2));
+        cells.install(0, PageHandle(1));
+        cells.install(1, PageHandle(2));
         pool.heap.take_live(base);
         pool.heap.release(a);
-        pool.slots = Some(slots);
+        pool.cells = Some(cells);
         let p = pool.place(G).unwrap();
         assert_eq!((p.at, p.unmapped), (base, 0));
         let p = pool.place(3 * G).unwrap();

@@ -34,7 +34,7 @@ pub(crate) struct Reuse {
     count: usize,
 }
 
-fn slot(size: u64) -> usize {
+fn list_index(size: u64) -> usize {
     (size >> STEP_SHIFT) as usize
 }
 
@@ -42,7 +42,7 @@ impl Reuse {
     /// Keeps block `id` of `size` bytes (a 512-byte multiple of the small
     /// pool, so the lists stay a few thousand).
     pub(crate) fn push(&mut self, size: u64, id: BlockId) {
-        let i = slot(size);
+        let i = list_index(size);
         if i >= self.lists.len() {
             self.lists.resize_with(i + 1, List::default);
         }
@@ -60,7 +60,7 @@ impl Reuse {
         if self.count == 0 {
             return None;
         }
-        let id = self.lists.get_mut(slot(size))?.ids.pop()?;
+        let id = self.lists.get_mut(list_index(size))?.ids.pop()?;
         self.count -= 1;
         Some(id)
     }
@@ -74,7 +74,7 @@ impl Reuse {
             .sizes
             .iter()
             .copied()
-            .filter(|s| *s >= size && !lists[slot(*s)].ids.is_empty())
+            .filter(|s| *s >= size && !lists[list_index(*s)].ids.is_empty())
             .max()?;
         self.pop(fit).map(|id| (fit, id))
     }
@@ -83,7 +83,7 @@ impl Reuse {
     pub(crate) fn drain(&mut self) -> Vec<(u64, BlockId)> {
         let mut out = Vec::with_capacity(self.count);
         for size in self.sizes.drain(..) {
-            if let Some(list) = self.lists.get_mut(slot(size)) {
+            if let Some(list) = self.lists.get_mut(list_index(size)) {
                 list.listed = false;
                 out.extend(list.ids.drain(..).map(|id| (size, id)));
             }
@@ -100,7 +100,7 @@ impl Reuse {
     /// Whether block `id` of `size` bytes is kept exactly once.
     pub(crate) fn holds_once(&self, size: u64, id: BlockId) -> bool {
         self.lists
-            .get(slot(size))
+            .get(list_index(size))
             .is_some_and(|l| l.ids.iter().filter(|i| **i == id).count() == 1)
     }
 }

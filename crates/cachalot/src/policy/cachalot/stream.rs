@@ -219,8 +219,8 @@ impl StreamState {
         }
         match self.pools[p].place(size) {
             Some(place) if place.unmapped == 0 => {
-                let slots = self.pools[p].slots.as_mut().expect("a range has slots");
-                slots.acquire_mapped(slots.span(place.at, size));
+                let cells = self.pools[p].cells.as_mut().expect("a range has cells");
+                cells.acquire_mapped(cells.span(place.at, size));
                 self.note_in_use();
                 Ok(self.carve(p, place, size, requested))
             }
@@ -264,18 +264,18 @@ impl StreamState {
             self.pools.iter_mut().for_each(Pool::release_kept);
             place = self.pools[p].place(size).ok_or_else(none)?;
         }
-        let slots = self.pools[p].slots.as_mut().expect("a range has slots");
-        let span = slots.span(place.at, size);
+        let cells = self.pools[p].cells.as_mut().expect("a range has cells");
+        let span = cells.span(place.at, size);
         if place.unmapped == 0 {
-            slots.acquire_mapped(span.clone());
+            cells.acquire_mapped(span.clone());
         } else {
-            slots.acquire(span.clone());
+            cells.acquire(span.clone());
         }
         self.note_in_use();
         if place.unmapped > 0 {
             if let Err(e) = self.map_span(pages, p, span.clone()) {
                 self.pools[p]
-                    .slots
+                    .cells
                     .as_mut()
                     .expect("checked above")
                     .release(span.clone());
@@ -361,28 +361,28 @@ impl StreamState {
     fn mapped(&self) -> u64 {
         self.pools
             .iter()
-            .filter_map(|p| p.slots.as_ref())
+            .filter_map(|p| p.cells.as_ref())
             .map(|s| s.mapped())
             .sum()
     }
 
-    /// Maps a page under every unmapped slot of `span` (whose users are taken).
+    /// Maps a page under every unmapped cell of `span` (whose users are taken).
     fn map_span(
         &mut self,
         pages: &Pages,
         p: usize,
         span: std::ops::Range<u32>,
     ) -> BackendResult<()> {
-        for slot in span.clone() {
-            let slots = self.pools[p]
-                .slots
+        for cell in span.clone() {
+            let cells = self.pools[p]
+                .cells
                 .as_ref()
-                .expect("mapped pools have slots");
-            if slots.is_mapped(slot) {
+                .expect("mapped pools have cells");
+            if cells.is_mapped(cell) {
                 continue;
             }
             let page = self.obtain_page(pages, p, &span)?;
-            if let Err(e) = self.pools[p].map_slot(pages, &mut self.ledger, slot, page) {
+            if let Err(e) = self.pools[p].map_cell(pages, &mut self.ledger, cell, page) {
                 // The page is ours and unmapped; a failed release leaves nothing
                 // better to do than report the map's error.
                 let _ = pages.release_page(page);
@@ -463,11 +463,11 @@ impl StreamState {
         keep: &std::ops::Range<u32>,
     ) -> BackendResult<Option<PageHandle>> {
         for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
-            let slot = self.pools[q].slots.as_mut().and_then(|s| s.coldest(&keep));
-            if let Some(slot) = slot {
+            let cell = self.pools[q].cells.as_mut().and_then(|s| s.coldest(&keep));
+            if let Some(cell) = cell {
                 self.quiesce(pages)?;
                 return self.pools[q]
-                    .unmap_slot(pages, &mut self.ledger, slot)
+                    .unmap_cell(pages, &mut self.ledger, cell)
                     .map(Some);
             }
         }
@@ -633,10 +633,10 @@ impl StreamState {
             pool.keep(id);
             return;
         }
-        if let Some(slots) = pool.slots.as_mut() {
-            slots.release_mapped(slots.span(addr, size));
+        if let Some(cells) = pool.cells.as_mut() {
+            cells.release_mapped(cells.span(addr, size));
         }
-        let segments = pool.slots.is_none().then(|| pool.heap.split_free());
+        let segments = pool.cells.is_none().then(|| pool.heap.split_free());
         pool.heap.release(id);
         if let Some(before) = segments {
             self.ledger
@@ -764,7 +764,7 @@ impl StreamState {
         let stats = self.ledger.stats();
         let mut pending_blocks = 0;
         for (p, pool) in self.pools.iter().enumerate() {
-            pending_blocks += super::audit::audit_pool(pool, &stats, p == 0)?;
+            pending_blocks += super::validate::validate_pool(pool, &stats, p == 0)?;
         }
         if pending_blocks != self.pending.len() {
             return Err(format!(
@@ -776,6 +776,6 @@ impl StreamState {
             self.find(*ptr)
                 .map_err(|e| format!("record_stream entry {ptr:#x}: {e}"))?;
         }
-        super::audit::audit_totals(&stats)
+        super::validate::validate_totals(&stats)
     }
 }

@@ -4,8 +4,8 @@
 //! A plain segment is one device allocation; an expandable segment is a reserved
 //! virtual range whose unmapped stretches are blocks with `mapped == false`.
 
+use super::arena::{arena_id, Arena};
 use crate::backend::{DevicePtr, EventId, StreamId};
-use crate::policy::arena::{arena_id, Arena};
 
 use super::expandable::ExpandableSegment;
 

@@ -15,7 +15,7 @@ impl State {
     /// memory fraction has no room. `retry` marks the last-resort attempt.
     pub(crate) fn alloc_block(&mut self, req: &Request, retry: bool) -> Result<Option<BlockId>> {
         if retry {
-            self.ledger.alloc_retry();
+            self.ledger.retried();
         }
         if self
             .allowed
@@ -43,7 +43,7 @@ impl State {
             .insert(new_block(req, addr, req.alloc_size, segment, false));
         self.segments[segment].head = id;
         self.ledger
-            .segment_alloc(addr, req.alloc_size, req.small, req.stream);
+            .segment_allocated(addr, req.alloc_size, req.small, req.stream);
         Ok(Some(id))
     }
 
@@ -187,7 +187,7 @@ impl State {
         self.try_merge(id, prev);
         self.try_merge(id, next);
         self.cache(id);
-        self.ledger.segment_map(base + off, mapped, small, stream);
+        self.ledger.mapped(base + off, mapped, small, stream);
         Ok(true)
     }
 }
@@ -220,7 +220,7 @@ fn new_block(
 
 /// A head id to be replaced as soon as the head block exists.
 fn placeholder() -> BlockId {
-    <BlockId as crate::policy::arena::ArenaId>::from_index(0)
+    <BlockId as super::arena::ArenaId>::from_index(0)
 }
 
 fn out_of_memory_is_none<T>(e: BackendError) -> Result<Option<T>> {

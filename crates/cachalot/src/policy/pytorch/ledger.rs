@@ -1,5 +1,7 @@
 //! The one place where statistics change and events are emitted: each method is a
-//! block or segment state transition.
+//! block or segment state transition, named for it in the past tense
+//! (`allocated`, `segment_freed`, `out_of_memory`, ...) with the same names as
+//! the cachalot policy's ledger.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,7 +53,7 @@ impl Ledger {
     }
 
     /// A device allocation became a segment.
-    pub(crate) fn segment_alloc(
+    pub(crate) fn segment_allocated(
         &mut self,
         addr: DevicePtr,
         size: u64,
@@ -69,7 +71,7 @@ impl Ledger {
     }
 
     /// A segment went back to the device.
-    pub(crate) fn segment_free(
+    pub(crate) fn segment_freed(
         &mut self,
         addr: DevicePtr,
         size: u64,
@@ -87,33 +89,21 @@ impl Ledger {
     }
 
     /// Pages were mapped into an expandable segment (no new `segment`).
-    pub(crate) fn segment_map(
-        &mut self,
-        addr: DevicePtr,
-        size: u64,
-        small: bool,
-        stream: StreamId,
-    ) {
+    pub(crate) fn mapped(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
         self.stats.reserved_bytes.update(small, size as i64);
         self.stats.num_device_alloc += 1;
         self.emit(Action::SegmentMap, addr, size, stream);
     }
 
     /// Pages were unmapped from an expandable segment.
-    pub(crate) fn segment_unmap(
-        &mut self,
-        addr: DevicePtr,
-        size: u64,
-        small: bool,
-        stream: StreamId,
-    ) {
+    pub(crate) fn unmapped(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
         self.stats.reserved_bytes.update(small, -(size as i64));
         self.stats.num_device_free += 1;
         self.emit(Action::SegmentUnmap, addr, size, stream);
     }
 
     /// A block was handed to a caller.
-    pub(crate) fn alloc(&mut self, b: &Block) {
+    pub(crate) fn allocated(&mut self, b: &Block) {
         let s = &mut self.stats;
         s.allocation.update(b.small, 1);
         s.allocated_bytes.update(b.small, b.size as i64);
@@ -154,7 +144,7 @@ impl Ledger {
     }
 
     /// Inactive split blocks changed by `blocks` and `bytes`.
-    pub(crate) fn inactive_split(&mut self, small: bool, blocks: i64, bytes: i64) {
+    pub(crate) fn splits_changed(&mut self, small: bool, blocks: i64, bytes: i64) {
         if blocks != 0 {
             self.stats.inactive_split.update(small, blocks);
         }
@@ -164,17 +154,17 @@ impl Ledger {
     }
 
     /// The last-resort retry ran.
-    pub(crate) fn alloc_retry(&mut self) {
+    pub(crate) fn retried(&mut self) {
         self.stats.num_alloc_retries += 1;
     }
 
     /// Every outstanding event was synchronized.
-    pub(crate) fn sync_all_streams(&mut self) {
+    pub(crate) fn synced_all(&mut self) {
         self.stats.num_sync_all_streams += 1;
     }
 
     /// An allocation failed for lack of memory.
-    pub(crate) fn oom(&mut self, requested: u64, device_free: u64, stream: StreamId) {
+    pub(crate) fn out_of_memory(&mut self, requested: u64, device_free: u64, stream: StreamId) {
         self.stats.num_ooms += 1;
         self.emit(Action::Oom, device_free, requested, stream);
     }
@@ -216,7 +206,7 @@ mod tests {
                 ..Log::default()
             });
             ledger.set_observer(Some(log.clone()));
-            ledger.segment_alloc(0x1000, 2 << 20, true, StreamId::DEFAULT);
+            ledger.segment_allocated(0x1000, 2 << 20, true, StreamId::DEFAULT);
             let events = log.events.lock().unwrap().clone();
             assert_eq!(events.len(), 1);
             assert_eq!(events[0].action, Action::SegmentAlloc);
@@ -233,8 +223,8 @@ mod tests {
             ..Log::default()
         });
         ledger.set_observer(Some(log.clone()));
-        ledger.segment_alloc(0x1000, 2 << 20, true, StreamId::DEFAULT);
-        ledger.segment_free(0x1000, 2 << 20, true, StreamId::DEFAULT);
+        ledger.segment_allocated(0x1000, 2 << 20, true, StreamId::DEFAULT);
+        ledger.segment_freed(0x1000, 2 << 20, true, StreamId::DEFAULT);
         let events = log.events.lock().unwrap().clone();
         let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
         assert_eq!(actions, [Action::SegmentFree]);

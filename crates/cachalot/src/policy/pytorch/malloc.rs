@@ -2,7 +2,7 @@
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
-use crate::error::{Error, OomReport, Result, MAX_REQUEST};
+use crate::error::{check_request, Error, OomReport, Result};
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -17,12 +17,7 @@ impl State {
         if size == 0 {
             return Ok(0);
         }
-        if size >= MAX_REQUEST {
-            return Err(Error::TooLarge {
-                requested: size,
-                limit: MAX_REQUEST,
-            });
-        }
+        check_request(size)?;
         self.process_events()?;
         let rounded = self.placement.round_size(size);
         let req = Request {
@@ -65,7 +60,8 @@ impl State {
     /// Counts and reports an out-of-memory failure.
     fn out_of_memory(&mut self, req: &Request) -> Error {
         let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        self.ledger.oom(req.requested, device_free, req.stream);
+        self.ledger
+            .out_of_memory(req.requested, device_free, req.stream);
         let stats = &self.ledger.stats;
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,

@@ -19,6 +19,7 @@
 //!
 //! One mutex guards the state, as in PyTorch.
 
+mod arena;
 mod block;
 mod expandable;
 mod grow;

@@ -120,7 +120,7 @@ impl OrderedMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::arena::ArenaId;
+    use crate::policy::pytorch::arena::ArenaId;
     use crate::test_rng::XorShift;
 
     /// The flat and the tree form answer every query alike, across the switch.

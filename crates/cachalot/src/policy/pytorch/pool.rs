@@ -156,7 +156,7 @@ impl BlockPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::arena::ArenaId;
+    use crate::policy::pytorch::arena::ArenaId;
 
     fn id(n: usize) -> BlockId {
         BlockId::from_index(n)

@@ -15,7 +15,7 @@ impl State {
         self.uncache(id);
         self.blocks.remove(id);
         self.segments.remove(segment);
-        self.ledger.segment_free(addr, size, small, stream);
+        self.ledger.segment_freed(addr, size, small, stream);
         Ok(())
     }
 
@@ -32,8 +32,7 @@ impl State {
         self.orphan_pages.extend(out.orphans);
         if let Some((off, len)) = out.span {
             self.carve_unmapped(id, &b, base + off, len);
-            self.ledger
-                .segment_unmap(base + off, len, b.small, b.stream);
+            self.ledger.unmapped(base + off, len, b.small, b.stream);
         }
         match out.error {
             Some(e) => Err(e.into()),

@@ -259,21 +259,21 @@ impl State {
             self.cache(id);
             if !expandable {
                 if already_split {
-                    self.ledger.inactive_split(small, 0, -(req.size as i64));
+                    self.ledger.splits_changed(small, 0, -(req.size as i64));
                 } else {
-                    self.ledger.inactive_split(small, 1, rem_size as i64);
+                    self.ledger.splits_changed(small, 1, rem_size as i64);
                 }
             }
             chosen = new_id;
         } else if already_split && !expandable {
-            self.ledger.inactive_split(small, -1, -(size as i64));
+            self.ledger.splits_changed(small, -1, -(size as i64));
         }
         let blk = &mut self.blocks[chosen];
         blk.allocated = true;
         blk.requested = req.requested;
         let addr = blk.addr;
         self.allocated.insert(addr, chosen);
-        self.ledger.alloc(&self.blocks[chosen]);
+        self.ledger.allocated(&self.blocks[chosen]);
         addr
     }
 
@@ -298,7 +298,7 @@ impl State {
             net_bytes += merged.size as i64;
         }
         if !expandable {
-            self.ledger.inactive_split(small, net_blocks, net_bytes);
+            self.ledger.splits_changed(small, net_blocks, net_bytes);
         }
         self.ledger
             .free_completed(addr, size, requested, small, stream);

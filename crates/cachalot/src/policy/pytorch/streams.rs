@@ -122,7 +122,7 @@ impl State {
 
     /// Waits for every outstanding event and reclaims the blocks.
     pub(crate) fn synchronize_and_free_events(&mut self) -> Result<()> {
-        self.ledger.sync_all_streams();
+        self.ledger.synced_all();
         let streams: Vec<StreamId> = self.pending.keys().copied().collect();
         for s in streams {
             while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {

@@ -20,8 +20,12 @@ struct Sums {
 }
 
 /// Checks one pool against its indexes and `stats`; returns its pending blocks.
-pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Result<usize, String> {
-    let sums = audit_blocks(pool)?;
+pub(crate) fn validate_pool(
+    pool: &Pool,
+    stats: &MemoryStats,
+    small: bool,
+) -> Result<usize, String> {
+    let sums = validate_blocks(pool)?;
     let pick = |a: &StatArray| {
         if small {
             a.small_pool.current
@@ -30,7 +34,7 @@ pub(crate) fn audit_pool(pool: &Pool, stats: &MemoryStats, small: bool) -> Resul
         }
     };
     let (reserved, segments) = pool.recount_reserved();
-    let split = if pool.slots.is_some() {
+    let split = if pool.cells.is_some() {
         (0, 0)
     } else {
         pool.heap.split_free()
@@ -108,9 +112,9 @@ fn pool_name(small: bool) -> &'static str {
 }
 
 /// Walks every region: blocks tile it, free ones are indexed and merged, live
-/// ones are addressable, and (with pages) every live block's slots are mapped
+/// ones are addressable, and (with pages) every live block's cells are mapped
 /// and counted.
-fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
+fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
     let mut sums = Sums::default();
     let mut users: HashMap<u32, u32> = HashMap::new();
     for region in pool.heap.regions() {
@@ -146,11 +150,11 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
                 if !pool.is_kept(id) || pool.heap.live(b.addr) != Some(id) {
                     return Err(format!("kept block at {:#x} is misfiled", b.addr));
                 }
-                if let Some(slots) = &pool.slots {
-                    if !slots.all_mapped(b.addr, b.size) {
+                if let Some(cells) = &pool.cells {
+                    if !cells.all_mapped(b.addr, b.size) {
                         return Err(format!("kept block at {:#x} lost a page", b.addr));
                     }
-                    for s in slots.span(b.addr, b.size) {
+                    for s in cells.span(b.addr, b.size) {
                         *users.entry(s).or_default() += 1;
                     }
                 }
@@ -162,8 +166,8 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
                     b.addr
                 ));
             }
-            if let Some(slots) = &pool.slots {
-                for s in slots.span(b.addr, b.size) {
+            if let Some(cells) = &pool.cells {
+                for s in cells.span(b.addr, b.size) {
                     *users.entry(s).or_default() += 1;
                 }
             }
@@ -184,27 +188,16 @@ fn audit_blocks(pool: &Pool) -> Result<Sums, String> {
             ));
         }
     }
-    if let Some(slots) = &pool.slots {
-        slots.check(|s| users.get(&s).copied().unwrap_or(0))?;
+    if let Some(cells) = &pool.cells {
+        cells.check(|s| users.get(&s).copied().unwrap_or(0))?;
     }
     Ok(sums)
 }
 
 /// Checks that every `all` statistic is the sum of its pools and no peak is
 /// below its current value.
-pub(crate) fn audit_totals(stats: &MemoryStats) -> Result<(), String> {
-    let arrays = [
-        ("allocation", &stats.allocation),
-        ("segment", &stats.segment),
-        ("active", &stats.active),
-        ("inactive_split", &stats.inactive_split),
-        ("allocated_bytes", &stats.allocated_bytes),
-        ("reserved_bytes", &stats.reserved_bytes),
-        ("active_bytes", &stats.active_bytes),
-        ("inactive_split_bytes", &stats.inactive_split_bytes),
-        ("requested_bytes", &stats.requested_bytes),
-    ];
-    for (name, a) in arrays {
+pub(crate) fn validate_totals(stats: &MemoryStats) -> Result<(), String> {
+    for (name, a) in stats.arrays() {
         if a.all.current != a.small_pool.current + a.large_pool.current {
             return Err(format!("{name}.all is not the sum of its pools"));
         }

@@ -1,6 +1,7 @@
-//! The page slots of a reserved virtual range: which 2 MiB slots have a physical
-//! page mapped, how many live blocks touch each, and which mapped slots no live
-//! block touches (the cached pages). A stream that must re-map a cached page
+//! The cells of a reserved virtual range (its page-sized, page-aligned pieces,
+//! each of which can hold one mapped page): which hold a physical page, how
+//! many live blocks touch each, and which mapped cells no live block touches
+//! (the cached pages). A stream that must re-map a cached page
 //! takes the next one after a rotating hand (a clock sweep), so the hot path
 //! keeps no queue.
 //!
@@ -12,43 +13,43 @@ use crate::backend::PageHandle;
 
 /// See the module docs.
 ///
-/// Parallel arrays over the known slots (the range's first slots up to the
-/// highest one ever used): the page of each slot, a bitmap of the mapped ones
-/// (so counting the unmapped slots of a span is a few popcounts), and its
-/// users. A span's interior slots belong to its block alone, so they are not
+/// Parallel arrays over the known cells (the range's first cells up to the
+/// highest one ever used): the page of each cell, a bitmap of the mapped ones
+/// (so counting the unmapped cells of a span is a few popcounts), and its
+/// users. A span's interior cells belong to its block alone, so they are not
 /// counted one by one: a second bitmap marks them, and the counts hold the
-/// blocks that start or end in a slot. Taking or dropping a block changes
-/// its two end slots' counts and sets or clears a run of bits (a word or
-/// two, without a loop per slot).
+/// blocks that start or end in a cell. Taking or dropping a block changes
+/// its two end cells' counts and sets or clears a run of bits (a word or
+/// two, without a loop per cell).
 #[derive(Debug)]
-pub(crate) struct Slots {
+pub(crate) struct Cells {
     base: u64,
-    /// log2 of the slot size.
+    /// log2 of the cell size.
     shift: u32,
     pages: Vec<Option<PageHandle>>,
-    /// Live blocks that start or end in each slot.
+    /// Live blocks that start or end in each cell.
     users: Vec<u32>,
     bits: Vec<u64>,
-    /// Slots inside a live block (neither its first nor its last).
+    /// Cells inside a live block (neither its first nor its last).
     inner: Vec<u64>,
     /// Where the next sweep for a cached page starts.
     hand: u32,
-    /// Mapped slots.
+    /// Mapped cells.
     mapped: u64,
-    /// Slots with at least one user.
+    /// Cells with at least one user.
     in_use: u64,
-    /// Mapped slots without users.
+    /// Mapped cells without users.
     cached: u64,
-    /// Maximal runs of contiguous mapped slots (the snapshot's segments).
+    /// Maximal runs of contiguous mapped cells (the snapshot's segments).
     runs: u64,
 }
 
-impl Slots {
-    /// The slots of a range starting at `base`, `granularity` bytes each (a
+impl Cells {
+    /// The cells of a range starting at `base`, `granularity` bytes each (a
     /// power of two).
-    pub(crate) fn new(base: u64, granularity: u64) -> Slots {
+    pub(crate) fn new(base: u64, granularity: u64) -> Cells {
         debug_assert!(granularity.is_power_of_two());
-        Slots {
+        Cells {
             base,
             shift: granularity.trailing_zeros(),
             pages: Vec::new(),
@@ -63,24 +64,24 @@ impl Slots {
         }
     }
 
-    /// The slot size in bytes.
+    /// The cell size in bytes.
     pub(crate) fn granularity(&self) -> u64 {
         1 << self.shift
     }
 
-    /// The slots `[addr, addr + size)` touches.
+    /// The cells `[addr, addr + size)` touches.
     pub(crate) fn span(&self, addr: u64, size: u64) -> Range<u32> {
         let first = (addr - self.base) >> self.shift;
         let last = (addr + size.max(1) - 1 - self.base) >> self.shift;
         first as u32..last as u32 + 1
     }
 
-    /// The address of a slot.
-    pub(crate) fn addr(&self, slot: u32) -> u64 {
-        self.base + (u64::from(slot) << self.shift)
+    /// The address of a cell.
+    pub(crate) fn addr(&self, cell: u32) -> u64 {
+        self.base + (u64::from(cell) << self.shift)
     }
 
-    /// Makes the first `n` slots known.
+    /// Makes the first `n` cells known.
     fn grow(&mut self, n: usize) {
         if n > self.pages.len() {
             self.pages.resize(n, None);
@@ -90,15 +91,15 @@ impl Slots {
         }
     }
 
-    /// Whether `slot` holds a page.
-    pub(crate) fn is_mapped(&self, slot: u32) -> bool {
-        let i = slot as usize;
+    /// Whether `cell` holds a page.
+    pub(crate) fn is_mapped(&self, cell: u32) -> bool {
+        let i = cell as usize;
         self.bits
             .get(i / 64)
             .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
 
-    /// Mapped slots among the known slots of `span`.
+    /// Mapped cells among the known cells of `span`.
     fn mapped_count(&self, span: Range<u32>) -> u64 {
         let end = (span.end as usize).min(self.pages.len());
         word_masks(span.start as usize..end)
@@ -106,12 +107,12 @@ impl Slots {
             .sum()
     }
 
-    /// Whether every slot under `[addr, addr + size)` holds a page.
+    /// Whether every cell under `[addr, addr + size)` holds a page.
     pub(crate) fn all_mapped(&self, addr: u64, size: u64) -> bool {
         let span = self.span(addr, size);
         if self.mapped == self.pages.len() as u64 {
-            // No known slot lacks a page (a steady loop's usual state): only
-            // slots past the known ones can.
+            // No known cell lacks a page (a steady loop's usual state): only
+            // cells past the known ones can.
             return span.end as usize <= self.pages.len();
         }
         if span.end - span.start == 1 {
@@ -120,7 +121,7 @@ impl Slots {
         self.unmapped_in(span) == 0
     }
 
-    /// Slots in `span` without a page.
+    /// Cells in `span` without a page.
     pub(crate) fn unmapped_in(&self, span: Range<u32>) -> u64 {
         if span.end - span.start == 1 {
             return u64::from(!self.is_mapped(span.start));
@@ -130,7 +131,7 @@ impl Slots {
 
     /// The page-aligned start in `[lo, hi - size]` whose `size` bytes need the
     /// fewest new pages, with that count; the lowest such start on ties. Only
-    /// starts whose window begins among the known slots are looked at.
+    /// starts whose window begins among the known cells are looked at.
     pub(crate) fn best_window(&self, lo: u64, hi: u64, size: u64) -> Option<(u64, u64)> {
         let g = self.granularity();
         let first = (lo - self.base).div_ceil(g);
@@ -157,7 +158,7 @@ impl Slots {
     }
 
     /// The lowest page-aligned start in `[lo, hi - size]` whose `size` bytes
-    /// lie on mapped pages only: [`Slots::best_window`]'s answer when it is
+    /// lie on mapped pages only: [`Cells::best_window`]'s answer when it is
     /// zero, found a word of the bitmap at a time.
     pub(crate) fn mapped_window(&self, lo: u64, hi: u64, size: u64) -> Option<u64> {
         let g = self.granularity();
@@ -176,7 +177,7 @@ impl Slots {
                 return Some(self.base + run_start * g);
             }
             if ones < avail {
-                // `s` is unmapped: skip it and the unmapped slots after it.
+                // `s` is unmapped: skip it and the unmapped cells after it.
                 let zeros = u64::from((word >> ones).trailing_zeros()).min(avail - ones);
                 s += zeros;
                 run_start = s;
@@ -185,13 +186,13 @@ impl Slots {
         None
     }
 
-    /// Adds a user to every slot of `span` (mapped or not).
+    /// Adds a user to every cell of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         self.grow(span.end as usize);
         self.change_users(span, true, false);
     }
 
-    /// [`Slots::acquire`] for a span whose slots all hold pages (known, so
+    /// [`Cells::acquire`] for a span whose cells all hold pages (known, so
     /// the bitmap is not read).
     #[inline(always)]
     pub(crate) fn acquire_mapped(&mut self, span: Range<u32>) {
@@ -199,12 +200,12 @@ impl Slots {
         self.change_users(span, true, true);
     }
 
-    /// Removes a user from every slot of `span`.
+    /// Removes a user from every cell of `span`.
     pub(crate) fn release(&mut self, span: Range<u32>) {
         self.change_users(span, false, false);
     }
 
-    /// [`Slots::release`] for a span whose slots all hold pages (a live or
+    /// [`Cells::release`] for a span whose cells all hold pages (a live or
     /// kept block's: blocks lie on mapped pages).
     #[inline(always)]
     pub(crate) fn release_mapped(&mut self, span: Range<u32>) {
@@ -212,10 +213,10 @@ impl Slots {
         self.change_users(span, false, true);
     }
 
-    /// Adds (`add`) or removes one user on every slot of a block's `span`: the
-    /// two end slots one by one; the slots between belong to the block alone,
+    /// Adds (`add`) or removes one user on every cell of a block's `span`: the
+    /// two end cells one by one; the cells between belong to the block alone,
     /// so they go from no user to one (or back) all at once. `mapped`: every
-    /// slot of the span is known to hold a page.
+    /// cell of the span is known to hold a page.
     #[inline(always)]
     fn change_users(&mut self, span: Range<u32>, add: bool, mapped: bool) {
         let (first, last) = (span.start, span.end - 1);
@@ -232,18 +233,18 @@ impl Slots {
         }
     }
 
-    /// Adds or removes one user of `slot` (`mapped`: known to hold a page).
+    /// Adds or removes one user of `cell` (`mapped`: known to hold a page).
     #[inline(always)]
-    fn change_user(&mut self, slot: u32, add: bool, mapped: bool) {
-        let users = &mut self.users[slot as usize];
+    fn change_user(&mut self, cell: u32, add: bool, mapped: bool) {
+        let users = &mut self.users[cell as usize];
         if add {
             *users += 1;
         } else {
             *users -= 1;
         }
-        // The slot just gained its first user or lost its last.
+        // The cell just gained its first user or lost its last.
         if *users == u32::from(add) {
-            let with_page = u64::from(mapped || self.is_mapped(slot));
+            let with_page = u64::from(mapped || self.is_mapped(cell));
             self.count_users(add, 1, with_page);
         }
     }
@@ -262,13 +263,13 @@ impl Slots {
         }
     }
 
-    /// Whether a live block touches `slot`.
-    fn is_used(&self, slot: u32) -> bool {
-        let i = slot as usize;
+    /// Whether a live block touches `cell`.
+    fn is_used(&self, cell: u32) -> bool {
+        let i = cell as usize;
         self.users[i] > 0 || self.inner[i / 64] & (1 << (i % 64)) != 0
     }
 
-    /// `n` slots, `mapped` of them with a page, gained their first user
+    /// `n` cells, `mapped` of them with a page, gained their first user
     /// (`add`) or lost their last.
     #[inline(always)]
     fn count_users(&mut self, add: bool, n: u64, mapped: u64) {
@@ -281,41 +282,41 @@ impl Slots {
         }
     }
 
-    /// Records that `page` is now mapped at `slot`.
-    pub(crate) fn install(&mut self, slot: u32, page: PageHandle) {
-        self.grow(slot as usize + 1);
+    /// Records that `page` is now mapped at `cell`.
+    pub(crate) fn install(&mut self, cell: u32, page: PageHandle) {
+        self.grow(cell as usize + 1);
         let joins =
-            u64::from(slot > 0 && self.is_mapped(slot - 1)) + u64::from(self.is_mapped(slot + 1));
-        let i = slot as usize;
-        debug_assert!(self.pages[i].is_none(), "slot mapped twice");
+            u64::from(cell > 0 && self.is_mapped(cell - 1)) + u64::from(self.is_mapped(cell + 1));
+        let i = cell as usize;
+        debug_assert!(self.pages[i].is_none(), "cell mapped twice");
         self.pages[i] = Some(page);
         self.bits[i / 64] |= 1 << (i % 64);
         self.mapped += 1;
         self.runs = self.runs + 1 - joins;
-        self.cached += u64::from(!self.is_used(slot));
+        self.cached += u64::from(!self.is_used(cell));
     }
 
-    /// Records that the page at an unused `slot` was unmapped; returns it.
-    pub(crate) fn uninstall(&mut self, slot: u32) -> Option<PageHandle> {
-        let i = slot as usize;
-        if i >= self.users.len() || self.is_used(slot) {
+    /// Records that the page at an unused `cell` was unmapped; returns it.
+    pub(crate) fn uninstall(&mut self, cell: u32) -> Option<PageHandle> {
+        let i = cell as usize;
+        if i >= self.users.len() || self.is_used(cell) {
             return None;
         }
         let page = self.pages[i].take()?;
         self.bits[i / 64] &= !(1 << (i % 64));
         let joins =
-            u64::from(slot > 0 && self.is_mapped(slot - 1)) + u64::from(self.is_mapped(slot + 1));
+            u64::from(cell > 0 && self.is_mapped(cell - 1)) + u64::from(self.is_mapped(cell + 1));
         self.mapped -= 1;
         self.cached -= 1;
         self.runs = self.runs + joins - 1;
         Some(page)
     }
 
-    fn is_cached(&self, slot: u32) -> bool {
-        self.is_mapped(slot) && !self.is_used(slot)
+    fn is_cached(&self, cell: u32) -> bool {
+        self.is_mapped(cell) && !self.is_used(cell)
     }
 
-    /// The next mapped slot without users after the hand, outside `keep`.
+    /// The next mapped cell without users after the hand, outside `keep`.
     pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
         // A full heap (the out-of-memory path) answers without a scan.
         if self.cached == 0 {
@@ -329,8 +330,8 @@ impl Slots {
         Some(found)
     }
 
-    /// Every mapped slot without users, by address.
-    pub(crate) fn cached_slots(&self) -> Vec<u32> {
+    /// Every mapped cell without users, by address.
+    pub(crate) fn cached_cells(&self) -> Vec<u32> {
         if self.cached == 0 {
             return Vec::new();
         }
@@ -339,27 +340,27 @@ impl Slots {
             .collect()
     }
 
-    /// Mapped slots.
+    /// Mapped cells.
     pub(crate) fn mapped(&self) -> u64 {
         self.mapped
     }
 
-    /// Slots with users.
+    /// Cells with users.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use
     }
 
-    /// Mapped slots without users.
+    /// Mapped cells without users.
     pub(crate) fn cached(&self) -> u64 {
         self.cached
     }
 
-    /// Runs of contiguous mapped slots.
+    /// Runs of contiguous mapped cells.
     pub(crate) fn runs(&self) -> u64 {
         self.runs
     }
 
-    /// Runs of contiguous mapped slots as (address, bytes), by address.
+    /// Runs of contiguous mapped cells as (address, bytes), by address.
     pub(crate) fn mapped_runs(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for s in 0..self.pages.len() as u32 {
@@ -374,24 +375,24 @@ impl Slots {
         out
     }
 
-    /// Recounts everything from the slots and compares with the counters.
+    /// Recounts everything from the cells and compares with the counters.
     pub(crate) fn check(&self, users_of: impl Fn(u32) -> u32) -> Result<(), String> {
         let mut mapped = 0;
         let (mut in_use, mut cached) = (0, 0);
         for (i, (ends, page)) in self.users.iter().zip(&self.pages).enumerate() {
             let inside = self.inner[i / 64] & (1 << (i % 64)) != 0;
             if inside && *ends > 0 {
-                return Err(format!("slot {i} is inside a block and ends {ends} others"));
+                return Err(format!("cell {i} is inside a block and ends {ends} others"));
             }
             let (users, expect) = (ends + u32::from(inside), users_of(i as u32));
             if users != expect {
-                return Err(format!("slot {i} has {users} users, blocks say {expect}"));
+                return Err(format!("cell {i} has {users} users, blocks say {expect}"));
             }
             if page.is_some() != self.is_mapped(i as u32) {
-                return Err(format!("slot {i}: page and mapped bit disagree"));
+                return Err(format!("cell {i}: page and mapped bit disagree"));
             }
             if users > 0 && page.is_none() {
-                return Err(format!("slot {i} is used but not mapped"));
+                return Err(format!("cell {i} is used but not mapped"));
             }
             mapped += u64::from(page.is_some());
             in_use += u64::from(users > 0);
@@ -401,7 +402,7 @@ impl Slots {
         let got = (self.mapped, self.in_use, self.cached, self.runs);
         if got != (mapped, in_use, cached, runs) {
             return Err(format!(
-                "slot counters {got:?} != recount {:?}",
+                "cell counters {got:?} != recount {:?}",
                 (mapped, in_use, cached, runs)
             ));
         }
@@ -433,7 +434,7 @@ mod tests {
 
     #[test]
     fn counts_users_pages_and_runs() {
-        let mut s = Slots::new(1 << 40, G);
+        let mut s = Cells::new(1 << 40, G);
         let span = s.span((1 << 40) + G - 512, 1024);
         assert_eq!(span, 0..2);
         assert_eq!(s.unmapped_in(span.clone()), 2);
@@ -444,7 +445,7 @@ mod tests {
         assert_eq!(s.coldest(&(0..0)), None, "all in use");
         s.release(span.clone());
         assert_eq!((s.cached(), s.in_use()), (2, 0));
-        assert_eq!(s.coldest(&(0..1)), Some(1), "slot 0 is kept");
+        assert_eq!(s.coldest(&(0..1)), Some(1), "cell 0 is kept");
         assert_eq!(s.uninstall(1), Some(PageHandle(2)));
         assert_eq!((s.mapped(), s.cached(), s.runs()), (1, 1, 1));
         assert_eq!(s.mapped_runs(), vec![(1 << 40, G)]);
@@ -453,27 +454,27 @@ mod tests {
     }
 
     #[test]
-    fn a_block_over_many_slots_marks_its_inside() {
+    fn a_block_over_many_cells_marks_its_inside() {
         let base = 1 << 40;
-        let mut s = Slots::new(base, G);
-        for slot in 0..70 {
-            s.install(slot, PageHandle(u64::from(slot) + 1));
+        let mut s = Cells::new(base, G);
+        for cell in 0..70 {
+            s.install(cell, PageHandle(u64::from(cell) + 1));
         }
-        // A block from the middle of slot 1 to the middle of slot 68, and a
-        // small one sharing slot 68 with it.
+        // A block from the middle of cell 1 to the middle of cell 68, and a
+        // small one sharing cell 68 with it.
         let big = s.span(base + G + 4096, 67 * G);
         let small = s.span(base + 68 * G + G / 2 + 4096, 4096);
         assert_eq!((big.clone(), small.clone()), (1..69, 68..69));
         s.acquire_mapped(big.clone());
         s.acquire_mapped(small.clone());
         assert_eq!((s.in_use(), s.cached()), (68, 2));
-        let users = |slot: u32| u32::from(big.contains(&slot)) + u32::from(small.contains(&slot));
+        let users = |cell: u32| u32::from(big.contains(&cell)) + u32::from(small.contains(&cell));
         s.check(users).unwrap();
-        assert_eq!(s.cached_slots(), vec![0, 69]);
-        assert_eq!(s.uninstall(30), None, "slot 30 is inside the block");
+        assert_eq!(s.cached_cells(), vec![0, 69]);
+        assert_eq!(s.uninstall(30), None, "cell 30 is inside the block");
         s.release_mapped(big.clone());
         assert_eq!((s.in_use(), s.cached()), (1, 69));
-        s.check(|slot| u32::from(small.contains(&slot))).unwrap();
+        s.check(|cell| u32::from(small.contains(&cell))).unwrap();
         assert_eq!(s.uninstall(30), Some(PageHandle(31)));
     }
 
@@ -481,12 +482,12 @@ mod tests {
     /// pages, on a seeded random bitmap.
     #[test]
     fn mapped_window_agrees_with_best_window() {
-        let mut s = Slots::new(0, G);
+        let mut s = Cells::new(0, G);
         let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
-        for slot in 0..300u32 {
+        for cell in 0..300u32 {
             let x = rng.draw();
             if !x.is_multiple_of(5) {
-                s.install(slot, PageHandle(u64::from(slot) + 1));
+                s.install(cell, PageHandle(u64::from(cell) + 1));
             }
         }
         for _ in 0..2000 {
@@ -508,9 +509,9 @@ mod tests {
 
     #[test]
     fn all_mapped_agrees_with_the_bitmap_with_and_without_holes() {
-        let mut s = Slots::new(0, G);
-        for slot in 0..40u32 {
-            s.install(slot, PageHandle(u64::from(slot) + 1));
+        let mut s = Cells::new(0, G);
+        for cell in 0..40u32 {
+            s.install(cell, PageHandle(u64::from(cell) + 1));
         }
         let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
         for round in 0..2 {
@@ -531,14 +532,14 @@ mod tests {
 
     #[test]
     fn runs_split_and_join() {
-        let mut s = Slots::new(0, G);
+        let mut s = Cells::new(0, G);
         for (i, p) in [0u32, 2, 1].iter().zip(1..) {
             s.install(*i, PageHandle(p));
         }
         assert_eq!(s.runs(), 1);
         s.uninstall(1);
         assert_eq!(s.runs(), 2);
-        assert_eq!(s.cached_slots(), vec![0, 2]);
+        assert_eq!(s.cached_cells(), vec![0, 2]);
         s.check(|_| 0).unwrap();
     }
 }
