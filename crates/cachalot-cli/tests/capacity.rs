@@ -1,21 +1,16 @@
 //! `--capacity`: a simulated device from one 2 MiB page to 256 TiB replays
 //! under both policies; anything outside that range is refused, naming it.
 
+mod common;
+
+use common::run;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 const MIN: u64 = 2 << 20;
 const MAX: u64 = 1 << 48;
 
 fn trace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/traces/seed004.native.trace.csv.gz")
-}
-
-fn cachalot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cachalot"))
-        .args(args)
-        .output()
-        .expect("cachalot runs")
 }
 
 /// `cachalot replay --json` of the trace under `policy` on `capacity`.
@@ -31,7 +26,7 @@ fn replay(policy: &str, capacity: &str) -> serde_json::Value {
         capacity,
         "--json",
     ];
-    let out = cachalot(&args);
+    let out = run(&args);
     assert!(
         out.status.success(),
         "cachalot {args:?}: {}",
@@ -81,7 +76,7 @@ fn capacities_outside_the_range_are_refused() {
             vec!["compare", path, "--capacity", capacity],
             vec!["summary", path, "--capacity", capacity],
         ] {
-            let out = cachalot(&command);
+            let out = run(&command);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{command:?}: {err}");
             assert!(
@@ -90,7 +85,7 @@ fn capacities_outside_the_range_are_refused() {
             );
         }
     }
-    let out = cachalot(&["replay", path, "--capacity", "0"]);
+    let out = run(&["replay", path, "--capacity", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("a device of 0 bytes"), "{err}");
 }
@@ -100,7 +95,7 @@ fn capacities_take_units() {
     let trace = trace();
     let path = trace.to_str().expect("utf-8 path");
     for (text, bytes) in [("24GB", 24_000_000_000u64), ("512MiB", 512 << 20)] {
-        let out = cachalot(&["replay", path, "--capacity", text, "--json"]);
+        let out = run(&["replay", path, "--capacity", text, "--json"]);
         assert!(
             out.status.success(),
             "{}",

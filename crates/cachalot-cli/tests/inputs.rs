@@ -2,37 +2,17 @@
 //! an input: every input kind by its content, errors with one prefix, the
 //! place in the file of an inconsistent event.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{repo, run, succeeds};
 
 fn data(name: &str) -> String {
     repo().join("data").join(name).display().to_string()
 }
 
-fn cachalot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cachalot"))
-        .args(args)
-        .output()
-        .expect("cachalot runs")
-}
-
-fn succeeds(args: &[&str]) -> String {
-    let out = cachalot(args);
-    assert!(
-        out.status.success(),
-        "cachalot {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
 /// The standard error of a command that must fail with status 1.
 fn fails(args: &[&str]) -> String {
-    let out = cachalot(args);
+    let out = run(args);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "cachalot {args:?}: {err}");
     assert!(err.starts_with("error: "), "cachalot {args:?}: {err}");

@@ -1,25 +1,10 @@
 //! Every bundled recording through `replay`, `compare`, `summary` and `view`:
 //! the four subcommands share one replay, so they must show the same peaks.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cachalot(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
-        .args(args)
-        .output()
-        .expect("cachalot runs");
-    assert!(
-        out.status.success(),
-        "cachalot {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
+use common::{repo, succeeds};
+use std::path::PathBuf;
 
 fn recordings() -> Vec<PathBuf> {
     let dir = repo().join("data/traces");
@@ -86,7 +71,7 @@ fn every_subcommand_shows_the_same_peaks() {
         let trace = path.to_str().expect("utf-8 path");
         let name = path.file_name().expect("a file").to_string_lossy();
         let replay: serde_json::Value =
-            serde_json::from_str(&cachalot(&["replay", trace, "--json"])).expect("JSON");
+            serde_json::from_str(&succeeds(&["replay", trace, "--json"])).expect("JSON");
         let peak = |key: &str| replay[key].as_u64().expect("a peak");
         let (requested, allocated, reserved) = (
             peak("peak_requested_bytes"),
@@ -95,7 +80,7 @@ fn every_subcommand_shows_the_same_peaks() {
         );
 
         let compared: serde_json::Value =
-            serde_json::from_str(&cachalot(&["compare", trace, "--json"])).expect("JSON");
+            serde_json::from_str(&succeeds(&["compare", trace, "--json"])).expect("JSON");
         let same = compared
             .as_array()
             .expect("one entry per configuration")
@@ -110,7 +95,7 @@ fn every_subcommand_shows_the_same_peaks() {
             assert_eq!(same[key], replay[key], "{name}: compare's {key}");
         }
 
-        let table = cachalot(&["summary", trace]);
+        let table = succeeds(&["summary", trace]);
         for (metric, bytes) in [
             ("Requested memory", requested),
             ("Allocated memory", allocated),
@@ -124,7 +109,7 @@ fn every_subcommand_shows_the_same_peaks() {
         }
 
         let page = dir.path().join(format!("{name}.html"));
-        let line = cachalot(&["view", trace, "-o", page.to_str().expect("utf-8 path")]);
+        let line = succeeds(&["view", trace, "-o", page.to_str().expect("utf-8 path")]);
         assert_eq!(
             number_after(&line, "peak active "),
             requested,

@@ -1,25 +1,10 @@
 //! `cachalot summary`: the table, and the snapshot files it writes, read back by
 //! cachalot (JSON) and checked against PyTorch's snapshot schema (pickle).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{repo, succeeds};
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cachalot(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
-        .args(args)
-        .output()
-        .expect("cachalot runs");
-    assert!(
-        out.status.success(),
-        "cachalot {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
 
 /// The table without the first line (which says how the run was made).
 fn table(stdout: &str) -> String {
@@ -32,7 +17,7 @@ fn summary_writes_snapshots_that_read_back() {
     let trace = repo().join("data/traces/seed004.native.trace.csv.gz");
     let pickle = dir.path().join("seed004.pickle");
     let json = dir.path().join("seed004.json.gz");
-    let out = cachalot(&[
+    let out = succeeds(&[
         "summary",
         trace.to_str().expect("utf-8 path"),
         "--pickle",
@@ -48,7 +33,7 @@ fn summary_writes_snapshots_that_read_back() {
     assert_eq!(table(&out).lines().count(), 6 + 9 * 4 + 2 * 2 + 1, "{out}");
 
     // The JSON holds the replay's events: replaying them again gives the same table.
-    let again = cachalot(&["summary", json.to_str().expect("utf-8 path")]);
+    let again = succeeds(&["summary", json.to_str().expect("utf-8 path")]);
     assert_eq!(table(&again), table(&out));
 
     let python = Command::new("python3").arg("--version").output();

@@ -2,9 +2,11 @@
 //! replays to the peak it printed, no higher than the default's; the last line
 //! is the one to paste; bad input gets a clear error.
 
+mod common;
+
+use common::run;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -26,15 +28,8 @@ fn bundled() -> Vec<PathBuf> {
     out
 }
 
-fn cachalot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cachalot"))
-        .args(args)
-        .output()
-        .expect("cachalot runs")
-}
-
 fn json_of(args: &[&str]) -> Value {
-    let out = cachalot(args);
+    let out = run(args);
     assert!(
         out.status.success(),
         "cachalot {args:?}: {}",
@@ -66,7 +61,7 @@ fn every_recommendation_replays_to_its_printed_peak_and_beats_the_default() {
                 "{path}: {key} {conf}: {printed} > {default}"
             );
         }
-        let text = cachalot(&["tune", path]);
+        let text = run(&["tune", path]);
         assert!(text.status.success(), "{path}");
         let stdout = String::from_utf8(text.stdout).expect("utf-8");
         let last = stdout.lines().last().expect("a last line");
@@ -161,7 +156,7 @@ fn a_search_space_of_ones_own() {
 }
 
 fn fails_saying(args: &[&str], words: &[&str]) {
-    let out = cachalot(args);
+    let out = run(args);
     assert_eq!(out.status.code(), Some(1), "cachalot {args:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("error: "), "{stderr}");
