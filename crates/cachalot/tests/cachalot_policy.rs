@@ -217,11 +217,11 @@ fn steady_reuse_makes_no_driver_calls() {
         ptrs.into_iter().for_each(|p| alloc.free(p).unwrap());
     };
     round();
-    let calls = sim.counters().memory_calls();
+    let calls = sim.counters().calls.memory_calls();
     for _ in 0..10 {
         round();
     }
-    assert_eq!(sim.counters().memory_calls(), calls);
+    assert_eq!(sim.counters().calls.memory_calls(), calls);
     alloc.empty_cache().unwrap();
     assert_eq!(sim.live_objects(), 0);
 }
@@ -379,7 +379,7 @@ fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
     alloc.validate().unwrap();
     let out = (
         alloc.memory_reserved(),
-        sim.counters().count(CallKind::CreatePage),
+        sim.counters().calls.count(CallKind::CreatePage),
     );
     for p in [b, c] {
         alloc.free(p).unwrap();
@@ -460,7 +460,7 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
         (b, alloc.malloc(10 * MIB, StreamId(0)))
     };
     let (b, c) = remap(&alloc);
-    let count = |kind| sim.counters().count(kind);
+    let count = |kind| sim.counters().calls.count(kind);
     assert!(
         count(CallKind::Unmap) > 0,
         "the third block re-maps the first's pages"
@@ -479,7 +479,7 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
     }
     let (b, c) = remap(&alloc);
     assert!(matches!(c, Err(Error::Backend(_))), "{c:?}");
-    assert_eq!(sim.counters().count(CallKind::Unmap), 0);
+    assert_eq!(sim.counters().calls.count(CallKind::Unmap), 0);
     alloc.validate().unwrap();
     alloc.free(b).unwrap();
     // Once the device answers again, everything goes back.

@@ -133,9 +133,9 @@ fn counted_pass(
     ops: &[trace::Op],
     filler: usize,
 ) -> u64 {
-    let before = sim.counters().memory_calls();
+    let before = sim.counters().calls.memory_calls();
     pass(alloc, ops, filler);
-    sim.counters().memory_calls() - before
+    sim.counters().calls.memory_calls() - before
 }
 
 /// What `passes` passes of `name` on one warm allocator (configured by `conf`) cost: driver calls

@@ -64,7 +64,7 @@ fn expandable_segments_map_pages_and_unmap_free_ones() {
     let snap = a.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].address, p + 20 * MIB);
-    assert!(sim.counters().count(CallKind::Unmap) >= 1);
+    assert!(sim.counters().calls.count(CallKind::Unmap) >= 1);
     a.free(q).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(sim.live_objects(), 0);

@@ -23,6 +23,13 @@ impl CallCounts {
         self.calls.get(&kind).copied().unwrap_or(0)
     }
 
+    /// Counts one more call of `kind`; returns how many there have been.
+    pub(crate) fn add(&mut self, kind: CallKind) -> u64 {
+        let n = self.calls.entry(kind).or_default();
+        *n += 1;
+        *n
+    }
+
     /// Costly memory calls (see [`CallKind::is_memory_call`]).
     pub fn memory_calls(&self) -> u64 {
         self.calls
@@ -175,7 +182,11 @@ mod tests {
         assert_eq!(counts.memory_calls(), 3, "mem_info is not a memory call");
         assert_eq!(counts.calls.len(), 3, "kinds never called are left out");
         assert_eq!(
-            counting.inner().counters().count(CallKind::SegmentAlloc),
+            counting
+                .inner()
+                .counters()
+                .calls
+                .count(CallKind::SegmentAlloc),
             2,
             "the calls reached the wrapped backend"
         );

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use super::counting::CallCounts;
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
     PageHandle, StreamId,
@@ -71,7 +72,7 @@ pub enum Fault {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimCounters {
     /// Calls by kind, failed ones included.
-    pub calls: BTreeMap<CallKind, u64>,
+    pub calls: CallCounts,
     /// Calls that broke a contract (double free, unknown address, ...).
     pub misuse: u64,
     /// Calls failed by fault injection or the watermark.
@@ -80,22 +81,6 @@ pub struct SimCounters {
     pub used: u64,
     /// The highest `used` seen.
     pub peak_used: u64,
-}
-
-impl SimCounters {
-    /// Calls of one kind.
-    pub fn count(&self, kind: CallKind) -> u64 {
-        self.calls.get(&kind).copied().unwrap_or(0)
-    }
-
-    /// Costly memory calls (see [`CallKind::is_memory_call`]).
-    pub fn memory_calls(&self) -> u64 {
-        self.calls
-            .iter()
-            .filter(|(k, _)| k.is_memory_call())
-            .map(|(_, n)| n)
-            .sum()
-    }
 }
 
 #[derive(Debug)]
@@ -203,7 +188,7 @@ impl SimBackend {
     /// Makes the `n`th call of `kind` from now (1 = the next one) fail with `fault`.
     pub fn fail_nth(&self, kind: CallKind, n: u64, fault: Fault) {
         let mut st = self.lock();
-        let at = st.counters.count(kind) + n.max(1);
+        let at = st.counters.calls.count(kind) + n.max(1);
         st.faults.entry(kind).or_default().push((at, fault));
     }
 
@@ -260,11 +245,7 @@ fn complete_all(st: &mut State) {
 impl State {
     /// Counts the call and applies any injected fault.
     fn enter(&mut self, kind: CallKind, requested: u64) -> BackendResult<()> {
-        let n = {
-            let c = self.counters.calls.entry(kind).or_default();
-            *c += 1;
-            *c
-        };
+        let n = self.counters.calls.add(kind);
         let fault = self.faults.get_mut(&kind).and_then(|list| {
             let i = list.iter().position(|(at, _)| *at == n)?;
             Some(list.swap_remove(i).1)
@@ -693,7 +674,7 @@ mod tests {
             Err(BackendError::InvalidAddress { .. })
         ));
         let c = sim.counters();
-        assert_eq!(c.count(CallKind::SegmentAlloc), 3);
+        assert_eq!(c.calls.count(CallKind::SegmentAlloc), 3);
         assert_eq!(c.misuse, 2);
         assert_eq!(c.used, 4 << 20);
         sim.free_segment(b).unwrap();

@@ -120,7 +120,7 @@ pub fn replay(
     let mut at_steady = None;
     for (i, op) in ops.iter().enumerate() {
         if Some(i) == steady {
-            at_steady = Some(sim.counters().memory_calls());
+            at_steady = Some(sim.counters().calls.memory_calls());
         }
         if op.alloc {
             let ptr = alloc
@@ -135,7 +135,7 @@ pub fn replay(
         }
     }
     let stats = alloc.stats();
-    let calls = sim.counters().memory_calls();
+    let calls = sim.counters().calls.memory_calls();
     Outcome {
         peak_requested: stats.requested_bytes.all.peak as u64,
         peak_reserved: stats.reserved_bytes.all.peak as u64,

@@ -167,7 +167,7 @@ mod tests {
         let b = pages.create_page().unwrap();
         assert!(pages.create_page().unwrap_err().is_out_of_memory());
         assert_eq!(
-            sim.counters().count(CallKind::CreatePage),
+            sim.counters().calls.count(CallKind::CreatePage),
             2,
             "the limit answers without a call"
         );
