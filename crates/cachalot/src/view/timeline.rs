@@ -117,9 +117,14 @@ impl Timeline {
 
     /// Allocations live just after event `index`.
     pub fn live_at(&self, index: u32) -> impl Iterator<Item = &AllocSpan> + '_ {
-        self.allocs
-            .iter()
-            .filter(move |a| a.start <= index && index < a.end)
+        self.live_indices_at(index).map(|k| &self.allocs[k])
+    }
+
+    /// Indices in [`Timeline::allocs`] of the allocations live just after
+    /// event `index`.
+    pub fn live_indices_at(&self, index: u32) -> impl Iterator<Item = usize> + '_ {
+        let live = move |a: &AllocSpan| a.start <= index && index < a.end;
+        (0..self.allocs.len()).filter(move |&k| live(&self.allocs[k]))
     }
 
     /// Reserved bytes just after event `index`.
@@ -195,12 +200,7 @@ impl Timeline {
             .into_iter()
             .flat_map(|ks| self.largest_of(ks, quota))
             .collect();
-        let at_peak: Vec<usize> = (0..self.allocs.len())
-            .filter(|&k| {
-                let a = &self.allocs[k];
-                a.start <= self.peak_index && self.peak_index < a.end
-            })
-            .collect();
+        let at_peak: Vec<usize> = self.live_indices_at(self.peak_index).collect();
         out.extend(self.largest_of(at_peak, max - out.len()));
         out.sort_unstable();
         out.dedup();
