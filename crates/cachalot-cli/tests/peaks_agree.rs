@@ -3,23 +3,7 @@
 
 mod common;
 
-use common::{repo, succeeds};
-use std::path::PathBuf;
-
-fn recordings() -> Vec<PathBuf> {
-    let dir = repo().join("data/traces");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("data/traces exists")
-        .map(|e| e.expect("readable directory").path())
-        .filter(|p| {
-            let name = p.to_string_lossy();
-            name.ends_with(".trace.csv.gz") || name.ends_with(".snapshot.pickle.gz")
-        })
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 10, "the bundled recordings are there");
-    paths
-}
+use common::{recordings, succeeds};
 
 /// PyTorch's `memory_summary` size cell: whole units, the unit chosen so the
 /// number stays under 768 of it.

@@ -4,28 +4,15 @@
 
 mod common;
 
-use common::run;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use common::{recordings, repo, run};
 
 use serde_json::Value;
 
 fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/traces")
-}
-
-fn bundled() -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(data())
-        .expect("data/traces")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| {
-            let name = p.to_string_lossy();
-            name.ends_with(".trace.csv.gz") || name.ends_with(".snapshot.pickle.gz")
-        })
-        .collect();
-    out.sort();
-    assert!(out.len() >= 10, "{out:?}");
-    out
+    repo().join("data/traces")
 }
 
 fn json_of(args: &[&str]) -> Value {
@@ -47,7 +34,7 @@ fn replayed_peak(path: &str, conf: &str) -> u64 {
 
 #[test]
 fn every_recommendation_replays_to_its_printed_peak_and_beats_the_default() {
-    for trace in bundled() {
+    for trace in recordings() {
         let path = trace.to_str().expect("utf-8 path");
         let report = json_of(&["tune", path, "--json"]);
         let default = replayed_peak(path, "");

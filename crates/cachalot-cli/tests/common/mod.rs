@@ -28,3 +28,21 @@ pub fn succeeds(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
+
+/// The bundled recordings: every trace CSV and snapshot pickle in data/traces.
+pub fn recordings() -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(repo().join("data/traces"))
+        .expect("data/traces exists")
+        .map(|e| e.expect("readable directory").path())
+        .filter(|p| {
+            let name = p.to_string_lossy();
+            name.ends_with(".trace.csv.gz") || name.ends_with(".snapshot.pickle.gz")
+        })
+        .collect();
+    paths.sort();
+    assert!(
+        paths.len() >= 10,
+        "the bundled recordings are there: {paths:?}"
+    );
+    paths
+}
