@@ -151,17 +151,25 @@ pub fn describe(report: &OomReport) -> String {
     } else {
         report.config.as_str()
     };
+    let breakdown = report.breakdown.as_ref();
+    let reserved = match breakdown {
+        Some(b) => format!(
+            "{} in {} segments",
+            format_size(report.reserved),
+            b.segments
+        ),
+        None => format_size(report.reserved),
+    };
     let mut rows = vec![
         ("requested:", format_size(report.requested)),
-        ("reserved:", format_size(report.reserved)),
+        ("reserved:", reserved),
         ("allocated:", format_size(report.allocated)),
         (
             "reserved but unallocated:",
             format_size(report.reserved_unallocated()),
         ),
     ];
-    if let Some(b) = &report.breakdown {
-        rows[1].1 = format!("{} in {} segments", rows[1].1, b.segments);
+    if let Some(b) = breakdown {
         rows.push((
             "of which non-releasable:",
             format_size(b.inactive_split_bytes),
@@ -176,7 +184,7 @@ pub fn describe(report: &OomReport) -> String {
     for (label, value) in rows {
         let _ = writeln!(out, "  {label:<29}{value}");
     }
-    let live = report.breakdown.iter().flat_map(|b| &b.live_by_size);
+    let live = breakdown.into_iter().flat_map(|b| &b.live_by_size);
     for (i, bucket) in live.enumerate() {
         if i == 0 {
             let _ = writeln!(out, "  live allocations by size:");
