@@ -30,7 +30,7 @@ use crate::allocator::{self, DeviceAllocator};
 use crate::backend::counting::Counting;
 use crate::backend::recorded::RecordedAddresses;
 use crate::backend::sim::SimBackend;
-use crate::backend::{Backend, CallKind, DevicePtr};
+use crate::backend::{Backend, DevicePtr};
 use crate::config::AllocatorConfig;
 use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
@@ -308,10 +308,10 @@ fn run_observed(
         peak_reserved_bytes: peak(&stats.reserved_bytes.all),
         segment_allocs: segment_sizes.len() as u64,
         segment_sizes,
-        device_calls: CallKind::ALL
+        device_calls: counters
+            .calls
             .iter()
-            .filter(|k| counters.count(**k) > 0)
-            .map(|k| (k.name().to_string(), counters.count(*k)))
+            .map(|(k, n)| (k.name().to_string(), *n))
             .collect(),
         driver_calls: counters.memory_calls(),
         ooms: tally.ooms,
