@@ -5,10 +5,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use cachalot::backend::sim::{Fault, SimBackend};
+use cachalot::backend::faults::Fault;
+use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
+
+mod support;
+use support::device::TestDevice;
 
 const MIB: u64 = 1 << 20;
 
@@ -34,8 +38,8 @@ impl Rng {
     }
 }
 
-fn allocator(sim: &Arc<SimBackend>, conf: &str) -> CachalotAllocator {
-    CachalotAllocator::new(sim.clone(), AllocatorConfig::parse(conf).expect("valid"))
+fn allocator(dev: &TestDevice, conf: &str) -> CachalotAllocator {
+    CachalotAllocator::new(dev.backend(), AllocatorConfig::parse(conf).expect("valid"))
         .expect("allocator")
 }
 
@@ -53,7 +57,7 @@ fn check_model(alloc: &CachalotAllocator, model: &Model) {
     assert_eq!(alloc.stats().allocated_bytes.all.current as u64, allocated);
 }
 
-fn inject(sim: &SimBackend, rng: &mut Rng) {
+fn inject(dev: &TestDevice, rng: &mut Rng) {
     let kinds = [
         CallKind::Map,
         CallKind::CreatePage,
@@ -67,13 +71,13 @@ fn inject(sim: &SimBackend, rng: &mut Rng) {
     } else {
         Fault::OutOfMemory
     };
-    sim.fail_nth(kind, 1 + rng.below(3), fault);
+    dev.faults.fail_nth(kind, 1 + rng.below(3), fault);
 }
 
 fn randomized(seed: u64, virtual_memory: bool, conf: &str) {
-    let sim = Arc::new(SimBackend::with_options(512 * MIB, virtual_memory));
-    sim.set_manual_events(true);
-    let alloc = allocator(&sim, conf);
+    let dev = TestDevice::new(SimBackend::with_options(512 * MIB, virtual_memory));
+    dev.sim.set_manual_events(true);
+    let alloc = allocator(&dev, conf);
     let mut rng = Rng(seed | 1);
     let mut model = Model::new();
     for _ in 0..2500 {
@@ -113,26 +117,26 @@ fn randomized(seed: u64, virtual_memory: bool, conf: &str) {
                     .record_stream(addr, StreamId(10 + rng.below(2)))
                     .expect("live allocation");
             }
-            91..=94 => sim.complete_stream(StreamId(10 + rng.below(2))),
+            91..=94 => dev.sim.complete_stream(StreamId(10 + rng.below(2))),
             95..=96 => {
                 let _ = alloc.empty_cache();
             }
-            _ => inject(&sim, &mut rng),
+            _ => inject(&dev, &mut rng),
         }
         check_model(&alloc, &model);
     }
-    sim.complete_all();
+    dev.sim.complete_all();
     for addr in std::mem::take(&mut model).into_keys() {
         let _ = alloc.free(addr);
     }
     // Faults may still be armed: flush until the device is empty.
     for _ in 0..8 {
-        if alloc.empty_cache().is_ok() && sim.live_objects() == 0 {
+        if alloc.empty_cache().is_ok() && dev.sim.live_objects() == 0 {
             break;
         }
     }
     check_model(&alloc, &model);
-    assert_eq!(sim.live_objects(), 0, "nothing leaked");
+    assert_eq!(dev.sim.live_objects(), 0, "nothing leaked");
     assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
 }
 
@@ -157,8 +161,8 @@ fn randomized_with_segments() {
 
 #[test]
 fn zero_and_absurd_sizes_and_foreign_frees() {
-    let sim = Arc::new(SimBackend::new(64 * MIB));
-    let alloc = allocator(&sim, "");
+    let dev = TestDevice::new(SimBackend::new(64 * MIB));
+    let alloc = allocator(&dev, "");
     assert_eq!(alloc.malloc(0, StreamId(0)).unwrap(), 0);
     alloc.free(0).unwrap();
     assert!(matches!(
@@ -172,14 +176,14 @@ fn zero_and_absurd_sizes_and_foreign_frees() {
     ));
     assert!(alloc.set_memory_fraction(1.5).is_err());
     alloc.validate().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn freed_blocks_wait_for_recorded_streams() {
-    let sim = Arc::new(SimBackend::new(64 * MIB));
-    sim.set_manual_events(true);
-    let alloc = allocator(&sim, "");
+    let dev = TestDevice::new(SimBackend::new(64 * MIB));
+    dev.sim.set_manual_events(true);
+    let alloc = allocator(&dev, "");
     let a = alloc.malloc(4096, StreamId(0)).unwrap();
     alloc.record_stream(a, StreamId(7)).unwrap();
     alloc.free(a).unwrap();
@@ -190,7 +194,7 @@ fn freed_blocks_wait_for_recorded_streams() {
     );
     let b = alloc.malloc(4096, StreamId(0)).unwrap();
     assert_ne!(a, b, "the block still pending on stream 7 is not reused");
-    sim.complete_stream(StreamId(7));
+    dev.sim.complete_stream(StreamId(7));
     alloc.free(b).unwrap();
     let c = alloc.malloc(4096, StreamId(0)).unwrap();
     assert_eq!(
@@ -201,13 +205,13 @@ fn freed_blocks_wait_for_recorded_streams() {
     alloc.free(c).unwrap();
     alloc.validate().unwrap();
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn steady_reuse_makes_no_driver_calls() {
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, "");
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, "");
     let sizes = [3 * MIB, 512, 40 * MIB, 70_000, 9 * MIB];
     let round = || {
         let ptrs: Vec<u64> = sizes
@@ -217,19 +221,19 @@ fn steady_reuse_makes_no_driver_calls() {
         ptrs.into_iter().for_each(|p| alloc.free(p).unwrap());
     };
     round();
-    let calls = sim.counters().calls.memory_calls();
+    let calls = dev.calls.counts().memory_calls();
     for _ in 0..10 {
         round();
     }
-    assert_eq!(sim.counters().calls.memory_calls(), calls);
+    assert_eq!(dev.calls.counts().memory_calls(), calls);
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn out_of_memory_flushes_other_streams_then_reports() {
-    let sim = Arc::new(SimBackend::new(64 * MIB));
-    let alloc = allocator(&sim, "");
+    let dev = TestDevice::new(SimBackend::new(64 * MIB));
+    let alloc = allocator(&dev, "");
     let a = alloc.malloc(40 * MIB, StreamId(1)).unwrap();
     alloc.free(a).unwrap();
     assert_eq!(alloc.memory_reserved(), 40 * MIB, "cached on stream 1");
@@ -250,13 +254,13 @@ fn out_of_memory_flushes_other_streams_then_reports() {
     alloc.free(b).unwrap();
     alloc.validate().unwrap();
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn memory_fraction_limits_reserved_bytes() {
-    let sim = Arc::new(SimBackend::new(100 * MIB));
-    let alloc = allocator(&sim, "per_process_memory_fraction:0.5");
+    let dev = TestDevice::new(SimBackend::new(100 * MIB));
+    let alloc = allocator(&dev, "per_process_memory_fraction:0.5");
     assert!(
         matches!(alloc.malloc(60 * MIB, StreamId(0)), Err(Error::OutOfMemory(r)) if r.allowed == Some(50 * MIB))
     );
@@ -265,7 +269,7 @@ fn memory_fraction_limits_reserved_bytes() {
     alloc.free(a).unwrap();
     alloc.empty_cache().unwrap();
     alloc.validate().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
@@ -278,15 +282,15 @@ fn faults_end_in_typed_errors_with_nothing_leaked() {
         (CallKind::SegmentAlloc, Fault::OutOfMemory, false),
     ];
     for (kind, fault, vm) in cases {
-        let sim = Arc::new(SimBackend::with_options(256 * MIB, vm));
-        let alloc = allocator(&sim, "");
+        let dev = TestDevice::new(SimBackend::with_options(256 * MIB, vm));
+        let alloc = allocator(&dev, "");
         let keep = alloc.malloc(4096, StreamId(0)).unwrap();
         // Fail the call a few pages into a 20 MiB allocation (always the first
         // call for kinds made once per allocation).
-        sim.fail_nth(kind, 3, fault);
-        sim.fail_nth(kind, 1, fault);
+        dev.faults.fail_nth(kind, 3, fault);
+        dev.faults.fail_nth(kind, 1, fault);
         let result = alloc.malloc(20 * MIB, StreamId(0));
-        assert!(sim.counters().injected >= 1, "{kind}: the fault fired");
+        assert!(dev.faults.injected() >= 1, "{kind}: the fault fired");
         match (fault, &result) {
             (Fault::DeviceError, Err(Error::Backend(_))) => {}
             // Out of memory is retried after a flush, which may succeed.
@@ -301,29 +305,29 @@ fn faults_end_in_typed_errors_with_nothing_leaked() {
         alloc.free(keep).unwrap();
         alloc.empty_cache().unwrap();
         alloc.validate().unwrap();
-        assert_eq!(sim.live_objects(), 0, "{kind}: leaked");
+        assert_eq!(dev.sim.live_objects(), 0, "{kind}: leaked");
     }
 }
 
 #[test]
 fn watermark_reached_mid_allocation_is_an_oom() {
-    let sim = Arc::new(SimBackend::new(256 * MIB));
-    let alloc = allocator(&sim, "");
-    sim.set_watermark(Some(10 * MIB));
+    let dev = TestDevice::new(SimBackend::new(256 * MIB));
+    let alloc = allocator(&dev, "");
+    dev.limit.set(Some(10 * MIB));
     let err = alloc.malloc(20 * MIB, StreamId(0)).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory(_)), "{err}");
     alloc.validate().unwrap();
-    sim.set_watermark(None);
+    dev.limit.set(None);
     let a = alloc.malloc(20 * MIB, StreamId(0)).unwrap();
     alloc.free(a).unwrap();
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn threads_on_their_own_streams_with_cross_frees() {
-    let sim = Arc::new(SimBackend::new(4 << 30));
-    let alloc = Arc::new(allocator(&sim, ""));
+    let dev = TestDevice::new(SimBackend::new(4 << 30));
+    let alloc = Arc::new(allocator(&dev, ""));
     let handoff: Arc<Mutex<Vec<u64>>> = Arc::default();
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -364,14 +368,14 @@ fn threads_on_their_own_streams_with_cross_frees() {
     alloc.validate().unwrap();
     assert_eq!(alloc.stats().active.all.current, 0);
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 /// Frees a hole too small for the next request: with no slack the stream
 /// re-maps the hole's pages instead of creating new ones.
 fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, conf);
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, conf);
     let a = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
     let b = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
     alloc.free(a).unwrap();
@@ -379,13 +383,13 @@ fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
     alloc.validate().unwrap();
     let out = (
         alloc.memory_reserved(),
-        sim.counters().calls.count(CallKind::CreatePage),
+        dev.calls.counts().count(CallKind::CreatePage),
     );
     for p in [b, c] {
         alloc.free(p).unwrap();
     }
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
     out
 }
 
@@ -408,8 +412,8 @@ fn pages_are_remapped_past_the_reuse_slack() {
 
 #[test]
 fn the_release_threshold_bounds_cached_pages() {
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, "cachalot_release_threshold_mb:4");
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, "cachalot_release_threshold_mb:4");
     let ptrs: Vec<u64> = (0..4)
         .map(|_| alloc.malloc(16 * MIB, StreamId(0)).unwrap())
         .collect();
@@ -420,14 +424,14 @@ fn the_release_threshold_bounds_cached_pages() {
     }
     assert_eq!(alloc.memory_reserved(), 4 * MIB);
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn a_failed_allocation_leaves_no_partial_mapping() {
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, "");
-    sim.fail_nth(CallKind::Map, 4, Fault::DeviceError);
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, "");
+    dev.faults.fail_nth(CallKind::Map, 4, Fault::DeviceError);
     assert!(matches!(
         alloc.malloc(20 * MIB, StreamId(0)),
         Err(Error::Backend(_))
@@ -438,9 +442,9 @@ fn a_failed_allocation_leaves_no_partial_mapping() {
         0,
         "the three pages mapped before the failure went back"
     );
-    assert_eq!(sim.counters().used, 0);
+    assert_eq!(dev.sim.counters().used, 0);
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 /// A page re-mapped from a freed block is unmapped only after the stream's
@@ -450,8 +454,8 @@ fn a_failed_allocation_leaves_no_partial_mapping() {
 #[test]
 fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
     let tight = "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0";
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, tight);
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, tight);
     // A freed, B live, C placed past B: C takes A's pages.
     let remap = |alloc: &CachalotAllocator| {
         let a = alloc.malloc(8 * MIB, StreamId(0)).unwrap();
@@ -460,7 +464,7 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
         (b, alloc.malloc(10 * MIB, StreamId(0)))
     };
     let (b, c) = remap(&alloc);
-    let count = |kind| sim.counters().calls.count(kind);
+    let count = |kind| dev.calls.counts().count(kind);
     assert!(
         count(CallKind::Unmap) > 0,
         "the third block re-maps the first's pages"
@@ -469,21 +473,23 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
     alloc.free(b).unwrap();
     alloc.free(c.unwrap()).unwrap();
     alloc.empty_cache().unwrap();
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 
-    let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&sim, tight);
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, tight);
     for n in 1..=8 {
-        sim.fail_nth(CallKind::SynchronizeStream, n, Fault::DeviceError);
-        sim.fail_nth(CallKind::SynchronizeDevice, n, Fault::DeviceError);
+        dev.faults
+            .fail_nth(CallKind::SynchronizeStream, n, Fault::DeviceError);
+        dev.faults
+            .fail_nth(CallKind::SynchronizeDevice, n, Fault::DeviceError);
     }
     let (b, c) = remap(&alloc);
     assert!(matches!(c, Err(Error::Backend(_))), "{c:?}");
-    assert_eq!(sim.counters().calls.count(CallKind::Unmap), 0);
+    assert_eq!(dev.calls.counts().count(CallKind::Unmap), 0);
     alloc.validate().unwrap();
     alloc.free(b).unwrap();
     // Once the device answers again, everything goes back.
     let emptied = (0..10).any(|_| alloc.empty_cache().is_ok());
     assert!(emptied);
-    assert_eq!(sim.live_objects(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
 }

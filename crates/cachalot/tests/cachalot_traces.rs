@@ -6,6 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
+use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator};
@@ -13,8 +14,11 @@ use support::trace::{self, Outcome};
 
 /// A cachalot allocator configured by `conf` on a simulated H100 (the
 /// capacity the traces were recorded on), with or without virtual memory.
-fn allocator(conf: &str, virtual_memory: bool) -> (Arc<SimBackend>, CachalotAllocator) {
-    let sim = Arc::new(SimBackend::with_options(85_017_493_504, virtual_memory));
+fn allocator(conf: &str, virtual_memory: bool) -> (Arc<Counting<SimBackend>>, CachalotAllocator) {
+    let sim = Arc::new(Counting::new(Arc::new(SimBackend::with_options(
+        85_017_493_504,
+        virtual_memory,
+    ))));
     let config = AllocatorConfig::parse(conf).expect("a valid config");
     let alloc = CachalotAllocator::new(sim.clone(), config).expect("an allocator");
     (sim, alloc)
@@ -129,13 +133,13 @@ fn pass(alloc: &dyn DeviceAllocator, ops: &[trace::Op], filler: usize) {
 /// [`pass`], returning the memory calls the backend served during it.
 fn counted_pass(
     alloc: &dyn DeviceAllocator,
-    sim: &SimBackend,
+    sim: &Counting<SimBackend>,
     ops: &[trace::Op],
     filler: usize,
 ) -> u64 {
-    let before = sim.counters().calls.memory_calls();
+    let before = sim.counts().memory_calls();
     pass(alloc, ops, filler);
-    sim.counters().calls.memory_calls() - before
+    sim.counts().memory_calls() - before
 }
 
 /// What `passes` passes of `name` on one warm allocator (configured by `conf`) cost: driver calls
@@ -310,7 +314,7 @@ fn a_churning_stream_reuses_freed_large_blocks_and_stays_valid() {
     alloc.empty_cache().expect("flushed");
     alloc.validate().expect("invariants hold");
     assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
-    assert_eq!(sim.live_objects(), 0, "every page went back");
+    assert_eq!(sim.inner().live_objects(), 0, "every page went back");
 }
 
 #[test]

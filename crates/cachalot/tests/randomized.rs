@@ -3,11 +3,14 @@
 //! `validate()` after every one; at the end nothing is left on the device.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use cachalot::backend::sim::{Fault, SimBackend};
+use cachalot::backend::faults::Fault;
+use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
 use cachalot::{AllocatorConfig, Error, StreamId};
+
+mod support;
+use support::device::TestDevice;
 
 /// splitmix64: a tiny deterministic generator.
 struct Rng(u64);
@@ -45,10 +48,10 @@ const FAULT_KINDS: [CallKind; 7] = [
 ];
 
 fn run(seed: u64, conf: &str, ops: usize) {
-    let sim = Arc::new(SimBackend::new(3 << 30));
-    sim.set_manual_events(true);
+    let dev = TestDevice::new(SimBackend::new(3 << 30));
+    dev.sim.set_manual_events(true);
     let alloc =
-        cachalot::allocator::create(sim.clone(), AllocatorConfig::parse(conf).unwrap()).unwrap();
+        cachalot::allocator::create(dev.backend(), AllocatorConfig::parse(conf).unwrap()).unwrap();
     let mut rng = Rng(seed);
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut ooms, mut faults) = (0, 0);
@@ -89,7 +92,7 @@ fn run(seed: u64, conf: &str, ops: usize) {
                 let p = *live.keys().nth(nth).unwrap();
                 alloc.record_stream(p, StreamId(rng.below(4))).unwrap();
             }
-            88..=92 => sim.complete_stream(StreamId(rng.below(4))),
+            88..=92 => dev.sim.complete_stream(StreamId(rng.below(4))),
             93..=94 => match alloc.empty_cache() {
                 Ok(()) | Err(Error::Backend(_)) => {}
                 Err(e) => panic!("step {step}: {e}"),
@@ -101,11 +104,11 @@ fn run(seed: u64, conf: &str, ops: usize) {
                 } else {
                     Fault::DeviceError
                 };
-                sim.fail_nth(kind, 1 + rng.below(3), fault);
+                dev.faults.fail_nth(kind, 1 + rng.below(3), fault);
             }
             _ => {
-                let used = sim.counters().used;
-                sim.set_watermark(if rng.below(2) == 0 {
+                let used = dev.limit.held();
+                dev.limit.set(if rng.below(2) == 0 {
                     Some(used + (64 << 20))
                 } else {
                     None
@@ -117,20 +120,20 @@ fn run(seed: u64, conf: &str, ops: usize) {
         }
     }
     assert!(ooms + faults > 0, "the run exercised no failure path");
-    sim.set_watermark(None);
-    sim.complete_all();
+    dev.limit.set(None);
+    dev.sim.complete_all();
     for p in std::mem::take(&mut live).into_keys() {
         while let Err(e) = alloc.free(p) {
             assert!(matches!(e, Error::Backend(_)), "{e}");
         }
     }
     let mut tries = 0;
-    while alloc.empty_cache().is_err() || sim.live_objects() > 0 {
+    while alloc.empty_cache().is_err() || dev.sim.live_objects() > 0 {
         tries += 1;
         assert!(
             tries < 50,
             "seed {seed} conf '{conf}': {} device objects remain",
-            sim.live_objects()
+            dev.sim.live_objects()
         );
     }
     alloc.validate().unwrap();
@@ -143,7 +146,7 @@ fn run(seed: u64, conf: &str, ops: usize) {
         ),
         (0, 0, 0)
     );
-    assert_eq!(sim.counters().used, 0);
+    assert_eq!(dev.sim.counters().used, 0);
 }
 
 #[test]

@@ -5,10 +5,11 @@
 //! and strict, the default wherever no GPU is present) and `cuda` (a real GPU through
 //! cudarc). Concerns that cut across backends (a memory limit, latency, fault
 //! injection, call counting) are wrappers implementing this same trait, never
-//! `if`s inside `malloc`: [`counting::Counting`] counts calls by kind and
-//! [`recorded::RecordedAddresses`] hands out a recording's segment addresses,
-//! each over any backend. (The simulated device still injects its own faults
-//! and keeps its own watermark and call counters, which its tests drive.)
+//! `if`s inside `malloc`, and they compose over any backend:
+//! [`counting::Counting`] counts calls by kind, [`faults::Faults`] makes chosen
+//! calls fail, [`limit::Limit`] caps the memory held, and
+//! [`recorded::RecordedAddresses`] hands out a recording's segment addresses.
+//! [`adaptor`] holds what they share.
 //!
 //! # Contracts every backend keeps
 //!
@@ -35,8 +36,11 @@
 //! * Every method is callable from any thread (`Send + Sync`).
 //! * No method panics on bad input: misuse is an error value.
 
+pub mod adaptor;
 pub mod counting;
 pub mod cuda;
+pub mod faults;
+pub mod limit;
 pub mod recorded;
 pub mod sim;
 

@@ -7,9 +7,9 @@
 //! * Strict: freeing an unknown or already-freed address, releasing a mapped page,
 //!   unmapping what is not mapped, or using an unknown event is a typed error and is
 //!   counted in [`SimCounters::misuse`].
-//! * Counts every call by [`CallKind`].
-//! * Fault injection: fail the Nth call of a kind ([`SimBackend::fail_nth`]); fail
-//!   memory calls that would raise use above a watermark ([`SimBackend::set_watermark`]).
+//! * Keeps the bytes in use and their peak ([`SimCounters`]). Call counts, fault
+//!   injection and memory limits are adaptors over any backend
+//!   ([`super::counting`], [`super::faults`], [`super::limit`]).
 //! * Events: by default they complete as soon as they are recorded (a device that is
 //!   always idle). In manual mode ([`SimBackend::set_manual_events`]) an event
 //!   completes only when the test completes its stream, or synchronizes.
@@ -17,7 +17,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use super::counting::CallCounts;
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
     PageHandle, StreamId,
@@ -59,24 +58,11 @@ pub enum AddressOrder {
     Descending,
 }
 
-/// What an injected fault returns.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// The call fails with [`BackendError::OutOfMemory`].
-    OutOfMemory,
-    /// The call fails with [`BackendError::Device`].
-    DeviceError,
-}
-
 /// Counters of a simulated device.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimCounters {
-    /// Calls by kind, failed ones included.
-    pub calls: CallCounts,
     /// Calls that broke a contract (double free, unknown address, ...).
     pub misuse: u64,
-    /// Calls failed by fault injection or the watermark.
-    pub injected: u64,
     /// Bytes in live segments and pages now.
     pub used: u64,
     /// The highest `used` seen.
@@ -111,8 +97,6 @@ struct State {
     /// Per stream: (records issued, records completed).
     streams: HashMap<StreamId, (u64, u64)>,
     manual_events: bool,
-    faults: HashMap<CallKind, Vec<(u64, Fault)>>,
-    watermark: Option<u64>,
     counters: SimCounters,
 }
 
@@ -185,19 +169,6 @@ impl SimBackend {
         self.lock().counters.clone()
     }
 
-    /// Makes the `n`th call of `kind` from now (1 = the next one) fail with `fault`.
-    pub fn fail_nth(&self, kind: CallKind, n: u64, fault: Fault) {
-        let mut st = self.lock();
-        let at = st.counters.calls.count(kind) + n.max(1);
-        st.faults.entry(kind).or_default().push((at, fault));
-    }
-
-    /// Makes segment allocations and page creations fail with out-of-memory when
-    /// they would raise the bytes in use above `bytes`; `None` removes the limit.
-    pub fn set_watermark(&self, bytes: Option<u64>) {
-        self.lock().watermark = bytes;
-    }
-
     /// In manual mode, events complete only through [`SimBackend::complete_stream`],
     /// [`SimBackend::complete_all`] or a synchronize call.
     pub fn set_manual_events(&self, manual: bool) {
@@ -243,31 +214,6 @@ fn complete_all(st: &mut State) {
 }
 
 impl State {
-    /// Counts the call and applies any injected fault.
-    fn enter(&mut self, kind: CallKind, requested: u64) -> BackendResult<()> {
-        let n = self.counters.calls.add(kind);
-        let fault = self.faults.get_mut(&kind).and_then(|list| {
-            let i = list.iter().position(|(at, _)| *at == n)?;
-            Some(list.swap_remove(i).1)
-        });
-        match fault {
-            None => Ok(()),
-            Some(f) => {
-                self.counters.injected += 1;
-                Err(match f {
-                    Fault::OutOfMemory => BackendError::OutOfMemory {
-                        call: kind,
-                        requested,
-                    },
-                    Fault::DeviceError => BackendError::Device {
-                        call: kind,
-                        message: format!("injected fault on call {n}"),
-                    },
-                })
-            }
-        }
-    }
-
     fn misuse(&mut self, err: BackendError) -> BackendError {
         self.counters.misuse += 1;
         err
@@ -276,13 +222,6 @@ impl State {
     fn take_memory(&mut self, kind: CallKind, size: u64, capacity: u64) -> BackendResult<()> {
         let after = self.counters.used.checked_add(size);
         if after.is_none_or(|a| a > capacity) {
-            return Err(BackendError::OutOfMemory {
-                call: kind,
-                requested: size,
-            });
-        }
-        if self.watermark.is_some_and(|w| after.is_some_and(|a| a > w)) {
-            self.counters.injected += 1;
             return Err(BackendError::OutOfMemory {
                 call: kind,
                 requested: size,
@@ -371,8 +310,7 @@ impl Backend for SimBackend {
     }
 
     fn mem_info(&self) -> BackendResult<MemInfo> {
-        let mut st = self.lock();
-        st.enter(CallKind::MemInfo, 0)?;
+        let st = self.lock();
         Ok(MemInfo {
             free: self.caps.total_memory - st.counters.used,
             total: self.caps.total_memory,
@@ -381,7 +319,6 @@ impl Backend for SimBackend {
 
     fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
         let mut st = self.lock();
-        st.enter(CallKind::SegmentAlloc, size)?;
         if size == 0 {
             let reason = "zero-size segment".to_string();
             return Err(st.misuse(BackendError::InvalidArgument {
@@ -397,7 +334,6 @@ impl Backend for SimBackend {
 
     fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::SegmentFree, 0)?;
         match st.segments.remove(&ptr) {
             Some(size) => {
                 st.counters.used -= size;
@@ -421,7 +357,6 @@ impl Backend for SimBackend {
             });
         }
         let mut st = self.lock();
-        st.enter(call, size)?;
         if size == 0 || !size.is_multiple_of(SIM_GRANULARITY) {
             let reason = format!("size {size} is not a positive multiple of the granularity");
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
@@ -440,7 +375,6 @@ impl Backend for SimBackend {
     fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::ReleaseRange;
         let mut st = self.lock();
-        st.enter(call, 0)?;
         let Some(r) = st.ranges.get(&base) else {
             return Err(st.misuse(BackendError::InvalidAddress {
                 call,
@@ -470,7 +404,6 @@ impl Backend for SimBackend {
             });
         }
         let mut st = self.lock();
-        st.enter(call, size)?;
         if size == 0 || !size.is_multiple_of(SIM_GRANULARITY) {
             let reason = format!("page size {size} is not a positive multiple of the granularity");
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
@@ -485,7 +418,6 @@ impl Backend for SimBackend {
     fn release_page(&self, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::ReleasePage;
         let mut st = self.lock();
-        st.enter(call, 0)?;
         match st.pages.get(&page).copied() {
             None => Err(st.misuse(BackendError::InvalidAddress {
                 call,
@@ -507,7 +439,6 @@ impl Backend for SimBackend {
     fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::Map;
         let mut st = self.lock();
-        st.enter(call, 0)?;
         let Some((size, _)) = st.pages.get(&page).copied() else {
             return Err(st.misuse(BackendError::InvalidAddress {
                 call,
@@ -548,7 +479,6 @@ impl Backend for SimBackend {
     fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
         let call = CallKind::Unmap;
         let mut st = self.lock();
-        st.enter(call, 0)?;
         let covered = st.range_of(addr).and_then(|(base, r)| {
             let (start, end) = (addr - base, addr - base + size);
             let pages: Vec<(u64, PageHandle, u64)> = r
@@ -584,7 +514,6 @@ impl Backend for SimBackend {
 
     fn create_event(&self) -> BackendResult<EventId> {
         let mut st = self.lock();
-        st.enter(CallKind::CreateEvent, 0)?;
         let id = EventId(st.next_handle);
         st.next_handle += 1;
         st.events.insert(id, Event::default());
@@ -593,7 +522,6 @@ impl Backend for SimBackend {
 
     fn destroy_event(&self, event: EventId) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::DestroyEvent, 0)?;
         st.event(CallKind::DestroyEvent, event)?;
         st.events.remove(&event);
         Ok(())
@@ -601,7 +529,6 @@ impl Backend for SimBackend {
 
     fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::RecordEvent, 0)?;
         st.event(CallKind::RecordEvent, event)?;
         let manual = st.manual_events;
         let s = st.streams.entry(stream).or_default();
@@ -616,14 +543,12 @@ impl Backend for SimBackend {
 
     fn query_event(&self, event: EventId) -> BackendResult<bool> {
         let mut st = self.lock();
-        st.enter(CallKind::QueryEvent, 0)?;
         st.event(CallKind::QueryEvent, event)?;
         Ok(st.event_done(&st.events[&event]))
     }
 
     fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::SynchronizeEvent, 0)?;
         let recorded = st.event(CallKind::SynchronizeEvent, event)?.recorded;
         if let Some((stream, seq)) = recorded {
             let s = st.streams.entry(stream).or_default();
@@ -634,7 +559,6 @@ impl Backend for SimBackend {
 
     fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::SynchronizeStream, 0)?;
         if let Some(s) = st.streams.get_mut(&stream) {
             s.1 = s.0;
         }
@@ -643,7 +567,6 @@ impl Backend for SimBackend {
 
     fn synchronize_device(&self) -> BackendResult<()> {
         let mut st = self.lock();
-        st.enter(CallKind::SynchronizeDevice, 0)?;
         complete_all(&mut st);
         Ok(())
     }
@@ -654,7 +577,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn segments_are_strict_and_counted() {
+    fn segments_are_strict() {
         let sim = SimBackend::new(10 << 20);
         let a = sim.allocate_segment(4 << 20).unwrap();
         assert_eq!(a, SIM_BASE_ADDRESS);
@@ -674,29 +597,10 @@ mod tests {
             Err(BackendError::InvalidAddress { .. })
         ));
         let c = sim.counters();
-        assert_eq!(c.calls.count(CallKind::SegmentAlloc), 3);
         assert_eq!(c.misuse, 2);
         assert_eq!(c.used, 4 << 20);
         sim.free_segment(b).unwrap();
         assert_eq!(sim.live_objects(), 0);
-    }
-
-    #[test]
-    fn faults_fire_on_the_nth_call_and_watermark() {
-        let sim = SimBackend::new(1 << 30);
-        sim.fail_nth(CallKind::SegmentAlloc, 2, Fault::DeviceError);
-        assert!(sim.allocate_segment(1 << 20).is_ok());
-        assert!(matches!(
-            sim.allocate_segment(1 << 20),
-            Err(BackendError::Device { .. })
-        ));
-        assert!(sim.allocate_segment(1 << 20).is_ok());
-        sim.set_watermark(Some(3 << 20));
-        assert!(sim
-            .allocate_segment(2 << 20)
-            .unwrap_err()
-            .is_out_of_memory());
-        assert_eq!(sim.counters().injected, 2);
     }
 
     #[test]

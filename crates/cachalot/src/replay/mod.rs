@@ -103,7 +103,7 @@ pub struct ReplayReport {
     pub segment_allocs: u64,
     /// Their sizes, in the order they were obtained.
     pub segment_sizes: Vec<u64>,
-    /// Backend calls by kind ([`CallKind::name`]).
+    /// Backend calls by kind ([`crate::backend::CallKind::name`]).
     pub device_calls: BTreeMap<String, u64>,
     /// Costly driver memory calls (allocations, frees, maps, unmaps, ...).
     pub driver_calls: u64,

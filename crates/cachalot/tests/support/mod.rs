@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests.
 
+pub mod device;
 pub mod recordings;
 pub mod trace;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::{DeviceAllocator, StreamId};
 
@@ -111,7 +112,7 @@ impl Outcome {
 /// Replays `ops` on stream 0, validating every `validate_every` ops (0 = never).
 pub fn replay(
     alloc: &dyn DeviceAllocator,
-    sim: &SimBackend,
+    sim: &Counting<SimBackend>,
     ops: &[Op],
     validate_every: usize,
 ) -> Outcome {
@@ -120,7 +121,7 @@ pub fn replay(
     let mut at_steady = None;
     for (i, op) in ops.iter().enumerate() {
         if Some(i) == steady {
-            at_steady = Some(sim.counters().calls.memory_calls());
+            at_steady = Some(sim.counts().memory_calls());
         }
         if op.alloc {
             let ptr = alloc
@@ -135,7 +136,7 @@ pub fn replay(
         }
     }
     let stats = alloc.stats();
-    let calls = sim.counters().calls.memory_calls();
+    let calls = sim.counts().memory_calls();
     Outcome {
         peak_requested: stats.requested_bytes.all.peak as u64,
         peak_reserved: stats.reserved_bytes.all.peak as u64,

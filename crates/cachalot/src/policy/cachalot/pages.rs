@@ -156,18 +156,19 @@ impl Pages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::counting::Counting;
     use crate::backend::sim::SimBackend;
 
     #[test]
     fn the_limit_is_enforced_and_refunded() {
-        let sim = Arc::new(SimBackend::new(1 << 30));
+        let sim = Arc::new(Counting::new(Arc::new(SimBackend::new(1 << 30))));
         let pages = Pages::new(sim.clone());
         pages.set_limit(Some(4 << 20));
         let a = pages.create_page().unwrap();
         let b = pages.create_page().unwrap();
         assert!(pages.create_page().unwrap_err().is_out_of_memory());
         assert_eq!(
-            sim.counters().calls.count(CallKind::CreatePage),
+            sim.counts().count(CallKind::CreatePage),
             2,
             "the limit answers without a call"
         );
@@ -177,6 +178,6 @@ mod tests {
         pages.set_limit(None);
         let s = pages.allocate_segment(8 << 20).unwrap();
         pages.free_segment(s, 8 << 20).unwrap();
-        assert_eq!((pages.held(), sim.live_objects()), (0, 0));
+        assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
     }
 }
