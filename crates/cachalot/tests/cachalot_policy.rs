@@ -493,3 +493,100 @@ fn freed_pages_are_unmapped_only_after_the_stream_is_synchronized() {
     assert!(emptied);
     assert_eq!(dev.sim.live_objects(), 0);
 }
+
+/// Every statistic with a peak, as (family, pool) names and numbers.
+fn gauges(s: &cachalot::MemoryStats) -> Vec<(String, i64, i64)> {
+    s.to_map()
+        .into_iter()
+        .filter_map(|(key, current)| {
+            let family = key.strip_suffix(".current")?;
+            let peak = s.to_map()[&format!("{family}.peak")];
+            Some((family.to_string(), current, peak))
+        })
+        .collect()
+}
+
+/// With several streams the device's peaks are those of the device's
+/// figures over time (the highest current value seen after any operation),
+/// not the sum of each stream's peak: 100 MiB on one stream, freed, then
+/// 100 MiB on another peak at 100 MiB. A seeded mix on four streams, with
+/// frees pending on recorded streams, resets of the peaks and both kinds of
+/// memory (pages and segments), checked after every operation.
+#[test]
+fn several_streams_peak_as_one_device() {
+    for virtual_memory in [true, false] {
+        // Room for every block: an operation that runs out of memory flushes
+        // the caches within it, a peak no model between operations sees.
+        let dev = TestDevice::new(SimBackend::with_options(8 << 30, virtual_memory));
+        dev.sim.set_manual_events(true);
+        let alloc = allocator(&dev, "");
+        let a = alloc.malloc(100 * MIB, StreamId(0)).unwrap();
+        alloc.free(a).unwrap();
+        let b = alloc.malloc(100 * MIB, StreamId(1)).unwrap();
+        assert_eq!(
+            alloc.stats().allocated_bytes.all.peak,
+            100 * MIB as i64,
+            "one 100 MiB block at a time"
+        );
+        alloc.free(b).unwrap();
+        alloc.reset_peak_stats();
+
+        let mut model: BTreeMap<String, i64> = BTreeMap::new();
+        for (name, current, _) in gauges(&alloc.stats()) {
+            model.insert(name, current);
+        }
+        let mut rng = Rng(0x5eed ^ u64::from(virtual_memory));
+        let mut live: Vec<u64> = Vec::new();
+        let mut allocated = 0i64;
+        let mut sizes = BTreeMap::new();
+        for step in 0..3000 {
+            match rng.below(100) {
+                0..=49 if live.len() < 64 => {
+                    let size = rng.size() / 2 + 1;
+                    let p = alloc.malloc(size, StreamId(rng.below(4))).expect("fits");
+                    allocated += size.div_ceil(512) as i64 * 512;
+                    sizes.insert(p, size.div_ceil(512) * 512);
+                    live.push(p);
+                }
+                0..=89 if !live.is_empty() => {
+                    let p = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    if rng.below(4) == 0 {
+                        alloc.record_stream(p, StreamId(10)).unwrap();
+                    }
+                    alloc.free(p).unwrap();
+                    allocated -= sizes.remove(&p).unwrap() as i64;
+                }
+                90..=94 => dev.sim.complete_stream(StreamId(10)),
+                95 => {
+                    alloc.reset_peak_stats();
+                    for (name, current, _) in gauges(&alloc.stats()) {
+                        model.insert(name, current);
+                    }
+                }
+                96 => alloc.empty_cache().unwrap(),
+                _ => {}
+            }
+            let stats = alloc.stats();
+            assert_eq!(stats.allocated_bytes.all.current, allocated);
+            for (name, current, peak) in gauges(&stats) {
+                let seen = model.entry(name.clone()).or_default();
+                *seen = (*seen).max(current);
+                if name.starts_with("segment.") || name.starts_with("inactive_split") {
+                    // Runs of pages and split blocks split and merge within
+                    // one operation (an unmap in a run, then a map that
+                    // joins two; a segment freed, then one allocated), so
+                    // the peak may be above every value seen between them.
+                    assert!(peak >= *seen, "{name} at step {step}: {peak} < {seen}");
+                    *seen = peak;
+                } else {
+                    assert_eq!(peak, *seen, "{name} at step {step} (vm {virtual_memory})");
+                }
+            }
+        }
+        alloc.validate().unwrap();
+        dev.sim.complete_all();
+        live.into_iter().for_each(|p| alloc.free(p).unwrap());
+        alloc.empty_cache().unwrap();
+        assert_eq!(dev.sim.live_objects(), 0);
+    }
+}

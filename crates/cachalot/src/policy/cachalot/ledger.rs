@@ -1,7 +1,8 @@
 //! A stream's statistics and events, changed in one place: every block and
-//! page transition of the policy goes through one method here, which updates
-//! the statistics (the five every allocation changes in a [`Tally`], the rest
-//! in a [`MemoryStats`]) and tells the observer. Methods are named for their
+//! page transition of the policy goes through one method here, which applies
+//! a [`Change`] to the stream's [`Figures`] (and, with several streams, writes
+//! it to the stream's [`Journal`] for the device's figures) and tells the
+//! observer. Methods are named for their
 //! transition in the past tense (`allocated`, `segment_freed`,
 //! `out_of_memory`, ...), with the same names as the pytorch policy's ledger.
 
@@ -13,7 +14,7 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
-use super::tally::{Family, Tally};
+use super::journal::{Change, Figures, Journal};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -27,10 +28,10 @@ struct Batch {
 
 /// See the module docs.
 pub(crate) struct Ledger {
-    /// The statistics of this stream's pools but the tally's (whose
-    /// families stay zero here).
-    rest: MemoryStats,
-    tally: Tally,
+    figures: Figures,
+    /// With several streams on the device: this stream's changes since the
+    /// last merge.
+    journal: Option<Journal>,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -49,8 +50,8 @@ impl Ledger {
     /// Fresh statistics for `stream`; event times count from `start`.
     pub(crate) fn new(stats: MemoryStats, stream: StreamId, start: Instant) -> Ledger {
         Ledger {
-            rest: stats,
-            tally: Tally::default(),
+            figures: Figures::new(stats),
+            journal: None,
             events: EventSink::new(start),
             stream,
             batch: None,
@@ -59,26 +60,41 @@ impl Ledger {
 
     /// The statistics of this stream's pools.
     pub(crate) fn stats(&self) -> MemoryStats {
-        let mut s = self.rest.clone();
-        let t = &self.tally;
-        s.allocation = t.array(Family::Allocation);
-        s.allocated_bytes = t.array(Family::AllocatedBytes);
-        s.active = t.array(Family::Active);
-        s.active_bytes = t.array(Family::ActiveBytes);
-        s.requested_bytes = t.array(Family::RequestedBytes);
-        s
+        self.figures.stats()
+    }
+
+    /// This stream's figures.
+    pub(crate) fn figures(&self) -> &Figures {
+        &self.figures
     }
 
     /// Sets every peak to its current value.
     pub(crate) fn reset_peak(&mut self) {
-        self.rest.reset_peak();
-        self.tally.reset_peak();
+        self.figures.reset_peak();
     }
 
     /// Zeroes every total and event counter.
     pub(crate) fn reset_accumulated(&mut self) {
-        self.rest.reset_accumulated();
-        self.tally.reset_accumulated();
+        self.figures.reset_accumulated();
+    }
+
+    /// Writes every change from now on to `journal` too.
+    pub(crate) fn keep_journal(&mut self, journal: Journal) {
+        self.journal = Some(journal);
+    }
+
+    /// The journal, once the device has several streams.
+    pub(crate) fn journal(&mut self) -> Option<&mut Journal> {
+        self.journal.as_mut()
+    }
+
+    /// Applies `change` to the stream's figures and journals it.
+    #[inline(always)]
+    fn change(&mut self, change: Change) {
+        self.figures.apply(change);
+        if let Some(journal) = &mut self.journal {
+            journal.note(change);
+        }
     }
 
     /// Installs or removes the observer.
@@ -93,7 +109,11 @@ impl Ledger {
     /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
     #[inline(always)]
     pub(crate) fn allocated(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
-        self.tally.allocated(small, size, requested);
+        self.change(Change::Allocated {
+            small,
+            size,
+            requested,
+        });
         self.emit(Action::Alloc, addr, requested);
     }
 
@@ -105,7 +125,7 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        self.tally.free_requested(small, size);
+        self.change(Change::FreeRequested { small, size });
         self.emit(Action::FreeRequested, addr, requested);
     }
 
@@ -117,7 +137,11 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        self.tally.free_completed(small, size, requested);
+        self.change(Change::FreeCompleted {
+            small,
+            size,
+            requested,
+        });
         self.emit(Action::FreeCompleted, addr, requested);
     }
 
@@ -126,7 +150,11 @@ impl Ledger {
     /// [`Ledger::free_completed`] in one.
     #[inline(always)]
     pub(crate) fn freed(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
-        self.tally.freed(small, size, requested);
+        self.change(Change::Freed {
+            small,
+            size,
+            requested,
+        });
         self.emit(Action::FreeRequested, addr, requested);
         self.emit(Action::FreeCompleted, addr, requested);
     }
@@ -134,17 +162,21 @@ impl Ledger {
     /// A page of `bytes` was mapped at `addr`, changing the count of contiguous
     /// mapped runs (segments) by `runs`.
     pub(crate) fn mapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        let s = &mut self.rest;
-        s.reserved_bytes.update(small, bytes as i64);
-        s.segment.update(small, runs);
+        self.change(Change::Reserved {
+            small,
+            bytes: bytes as i64,
+            segments: runs,
+        });
         self.batch(Action::SegmentMap, addr, bytes);
     }
 
     /// A page of `bytes` at `addr` was unmapped.
     pub(crate) fn unmapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        let s = &mut self.rest;
-        s.reserved_bytes.update(small, -(bytes as i64));
-        s.segment.update(small, runs);
+        self.change(Change::Reserved {
+            small,
+            bytes: -(bytes as i64),
+            segments: runs,
+        });
         self.batch(Action::SegmentUnmap, addr, bytes);
     }
 
@@ -167,54 +199,61 @@ impl Ledger {
     pub(crate) fn flush(&mut self) {
         let Some(b) = self.batch.take() else { return };
         if b.action == Action::SegmentMap {
-            self.rest.num_device_alloc += 1;
+            self.figures.rest.num_device_alloc += 1;
         } else {
-            self.rest.num_device_free += 1;
+            self.figures.rest.num_device_free += 1;
         }
         self.emit(b.action, b.addr, b.bytes);
     }
 
     /// A device segment was allocated.
     pub(crate) fn segment_allocated(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        let s = &mut self.rest;
-        s.reserved_bytes.update(small, size as i64);
-        s.segment.update(small, 1);
-        s.num_device_alloc += 1;
+        self.change(Change::Reserved {
+            small,
+            bytes: size as i64,
+            segments: 1,
+        });
+        self.figures.rest.num_device_alloc += 1;
         self.emit(Action::SegmentAlloc, addr, size);
     }
 
     /// A device segment was freed.
     pub(crate) fn segment_freed(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        let s = &mut self.rest;
-        s.reserved_bytes.update(small, -(size as i64));
-        s.segment.update(small, -1);
-        s.num_device_free += 1;
+        self.change(Change::Reserved {
+            small,
+            bytes: -(size as i64),
+            segments: -1,
+        });
+        self.figures.rest.num_device_free += 1;
         self.emit(Action::SegmentFree, addr, size);
     }
 
     /// The heap's inactive split blocks went from `before` to `after` (count, bytes).
     pub(crate) fn splits_changed(&mut self, small: bool, before: (u64, u64), after: (u64, u64)) {
-        let s = &mut self.rest;
-        s.inactive_split
-            .update(small, after.0 as i64 - before.0 as i64);
-        s.inactive_split_bytes
-            .update(small, after.1 as i64 - before.1 as i64);
+        if before == after {
+            return;
+        }
+        self.change(Change::Splits {
+            small,
+            count: after.0 as i64 - before.0 as i64,
+            bytes: after.1 as i64 - before.1 as i64,
+        });
     }
 
     /// An allocation failed for lack of memory, even after a flush.
     pub(crate) fn out_of_memory(&mut self, requested: u64, device_free: u64) {
-        self.rest.num_ooms += 1;
+        self.figures.rest.num_ooms += 1;
         self.emit(Action::Oom, device_free, requested);
     }
 
     /// Cached memory was flushed to retry an allocation.
     pub(crate) fn retried(&mut self) {
-        self.rest.num_alloc_retries += 1;
+        self.figures.rest.num_alloc_retries += 1;
     }
 
     /// Pending events were all synchronized.
     pub(crate) fn synced_all(&mut self) {
-        self.rest.num_sync_all_streams += 1;
+        self.figures.rest.num_sync_all_streams += 1;
     }
 }
 

@@ -88,9 +88,11 @@
 //!
 //! One mutex per stream guards its pools, statistics and pending frees; threads
 //! on different streams never share a lock on the hot path. Shared state is the
-//! stream table (written once per new stream) and the page counter in
-//! `pages`. Each stream's lock and state sit on cache lines of their own, apart
-//! from the stream ids and ranges other threads read (no false sharing). A free
+//! stream table (written once per new stream), the page counter in `pages`
+//! and, with several streams, the journal's stamp counter (one atomic
+//! increment per change of the statistics). Each stream's lock and state sit
+//! on cache lines of their own, apart from the stream ids and ranges other
+//! threads read (no false sharing). A free
 //! from another thread locks the owning stream. Out of memory
 //! drops the stream's lock, flushes every stream's cache one lock at a time, and
 //! retries once before reporting [`Error::OutOfMemory`]. `validate` holds off new
@@ -102,9 +104,11 @@
 //! are mapped pages plus segment bytes; a `segment` is a contiguous run of mapped
 //! pages (as PyTorch's snapshot reports expandable segments) or a device segment;
 //! inactive splits are counted only without virtual memory, as PyTorch does for
-//! expandable segments. [`DeviceAllocator::stats`] adds the streams' statistics:
-//! current values and totals are exact; peaks are exact with one stream and an
-//! upper bound (the sum of per-stream peaks) with several. Events: `alloc`,
+//! expandable segments. [`DeviceAllocator::stats`] is the device's figures at
+//! one moment, peaks included, with any number of streams and threads: from
+//! the second stream on, each stream also journals its changes, stamped by one
+//! device-wide counter, and reading the statistics replays the journals in
+//! stamp order (`journal`); the streams' counters add up. Events: `alloc`,
 //! `free_requested`, `free_completed`, `segment_map`/`segment_unmap` (one per
 //! page) or `segment_alloc`/`segment_free`, and `oom`.
 //!
@@ -121,6 +125,7 @@ mod cells;
 mod directory;
 mod heap;
 mod index;
+mod journal;
 mod ledger;
 mod live;
 mod pages;
@@ -131,7 +136,7 @@ mod tally;
 mod validate;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
@@ -143,6 +148,7 @@ use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
 use directory::{Directory, StreamEntry, MAX_STREAMS};
+use journal::{DeviceJournal, Merged};
 use ledger::Ledger;
 use pages::Pages;
 use pool::ROUNDING;
@@ -154,6 +160,7 @@ pub struct CachalotAllocator {
     backend: Arc<dyn Backend>,
     pages: Pages,
     streams: Directory,
+    journal: DeviceJournal,
     observer: Mutex<Option<Arc<dyn Observer>>>,
     stream_config: StreamConfig,
     start: Instant,
@@ -194,6 +201,7 @@ impl CachalotAllocator {
             pages: Pages::new(backend.clone()),
             backend,
             streams: Directory::default(),
+            journal: DeviceJournal::new(),
             observer: Mutex::new(None),
             stream_config,
             start: Instant::now(),
@@ -215,6 +223,19 @@ impl CachalotAllocator {
     #[cold]
     #[inline(never)]
     fn new_entry(&self, stream: StreamId) -> Result<&StreamEntry> {
+        // Streams are created one at a time, under the merge state's lock.
+        let mut merged = self.journal.lock();
+        if let Some(entry) = self.streams.get(stream) {
+            return Ok(entry);
+        }
+        if merged.is_none() {
+            if let Some(only) = self.streams.iter().next() {
+                let mut st = only.lock();
+                let journal = self.journal.start(&mut merged, st.ledger.figures());
+                st.ledger.keep_journal(journal);
+            }
+        }
+        let several = merged.is_some();
         let make = |ranges| {
             let mut ledger = Ledger::new(
                 MemoryStats::new(self.config.max_split_size),
@@ -227,6 +248,9 @@ impl CachalotAllocator {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
             );
+            if several {
+                ledger.keep_journal(self.journal.journal());
+            }
             StreamState::new(stream, ledger, self.stream_config, ranges)
         };
         self.streams.get_or_create(stream, make).ok_or_else(|| {
@@ -239,12 +263,12 @@ impl CachalotAllocator {
     fn with_owner<T>(
         &self,
         ptr: DevicePtr,
-        mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
+        f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
     ) -> Result<T> {
         match self.streams.owner_of(ptr) {
-            Some(entry) => {
-                f(&mut entry.lock()).map_err(|reason| Error::InvalidFree { ptr, reason })
-            }
+            Some(entry) => self
+                .journaled(entry, f)
+                .map_err(|reason| Error::InvalidFree { ptr, reason }),
             None => self.ask_every_stream(ptr, f),
         }
     }
@@ -271,10 +295,56 @@ impl CachalotAllocator {
         Err(Error::InvalidFree { ptr, reason })
     }
 
+    /// Runs `f` under `entry`'s lock, then merges the journals if the
+    /// stream's is full.
+    #[inline(always)]
+    fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
+        let (out, full) = {
+            let mut st = entry.lock();
+            let out = f(&mut st);
+            (out, st.ledger.journal().is_some_and(|j| j.full()))
+        };
+        if full {
+            self.merge_unless_merging();
+        }
+        out
+    }
+
+    /// A merge, unless one is under way (which takes this stream's changes
+    /// too, or the next one will: a journal may pass its limit meanwhile).
+    #[cold]
+    #[inline(never)]
+    fn merge_unless_merging(&self) {
+        if let Some(mut merged) = self.journal.try_lock() {
+            self.merge_locked(&mut merged);
+        }
+    }
+
+    /// Applies every journaled change stamped before now to the device's
+    /// figures; `None` while the device has had one stream. The merge state
+    /// stays locked while the guard lives.
+    fn merge(&self) -> MutexGuard<'_, Option<Merged>> {
+        let mut merged = self.journal.lock();
+        self.merge_locked(&mut merged);
+        merged
+    }
+
+    fn merge_locked(&self, merged: &mut Option<Merged>) {
+        if let Some(m) = merged.as_mut() {
+            let horizon = self.journal.now();
+            for entry in self.streams.iter() {
+                if let Some(journal) = entry.lock().ledger.journal() {
+                    m.drain(journal);
+                }
+            }
+            m.settle(horizon);
+        }
+    }
+
     /// Returns every stream's cached memory to the device.
     fn flush_all(&self) -> Result<()> {
         for entry in self.streams.iter() {
-            entry.lock().empty_cache(&self.pages)?;
+            self.journaled(entry, |st| st.empty_cache(&self.pages))?;
         }
         Ok(self.pages.retry_orphans()?)
     }
@@ -286,7 +356,7 @@ impl CachalotAllocator {
     fn retry_malloc(&self, entry: &StreamEntry, rounded: u64, size: u64) -> Result<DevicePtr> {
         entry.lock().ledger.retried();
         self.flush_all()?;
-        let second = entry.lock().malloc(&self.pages, rounded, size);
+        let second = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
         match second {
             Ok(ptr) => Ok(ptr),
             // "Tried to allocate" is the block, as PyTorch reports it.
@@ -336,7 +406,7 @@ impl DeviceAllocator for CachalotAllocator {
         check_request(size)?;
         let rounded = size.div_ceil(ROUNDING) * ROUNDING;
         let entry = self.entry(stream)?;
-        let first = entry.lock().malloc(&self.pages, rounded, size);
+        let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
         match first {
             Ok(ptr) => Ok(ptr),
             Err(e) if !e.is_out_of_memory() => Err(e.into()),
@@ -372,20 +442,33 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn stats(&self) -> MemoryStats {
+        let mut merged = self.merge();
         let mut all = MemoryStats::new(self.config.max_split_size);
         for entry in self.streams.iter() {
             all.add(&entry.lock().ledger.stats());
+        }
+        // The streams' counters add up; their peaks do not (module docs).
+        if let Some(m) = merged.as_mut() {
+            all.take_statistics(&m.figures().stats());
         }
         all
     }
 
     fn reset_peak_stats(&self) {
+        let mut merged = self.merge();
+        if let Some(m) = merged.as_mut() {
+            m.figures().reset_peak();
+        }
         for entry in self.streams.iter() {
             entry.lock().ledger.reset_peak();
         }
     }
 
     fn reset_accumulated_stats(&self) {
+        let mut merged = self.merge();
+        if let Some(m) = merged.as_mut() {
+            m.figures().reset_accumulated();
+        }
         for entry in self.streams.iter() {
             entry.lock().ledger.reset_accumulated();
         }
@@ -405,13 +488,24 @@ impl DeviceAllocator for CachalotAllocator {
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {
         // No new stream, and every stream locked at once (in table order; nothing
         // else holds two), so no page is between its creation and its mapping.
+        let mut merged = self.journal.lock();
         let _frozen = self.streams.freeze();
-        let locked: Vec<_> = self.streams.iter().map(|e| (e.stream, e.lock())).collect();
+        let mut locked: Vec<_> = self.streams.iter().map(|e| (e.stream, e.lock())).collect();
         let mut reserved = 0;
-        for (stream, st) in &locked {
+        let mut sum = MemoryStats::new(self.config.max_split_size);
+        for (stream, st) in &mut locked {
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
             reserved += st.reserved();
+            sum.add(&st.ledger.stats());
+            if let (Some(m), Some(journal)) = (merged.as_mut(), st.ledger.journal()) {
+                m.drain(journal);
+            }
+        }
+        if let Some(m) = merged.as_mut() {
+            // No change is under way with every stream locked.
+            m.settle_all();
+            journal::validate(m, &sum)?;
         }
         let held = self.pages.held_in_use();
         crate::ensure_invariant!(
