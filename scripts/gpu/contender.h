@@ -37,6 +37,8 @@ struct Contender {
 // caller will replay: only rmm:arena, whose size is fixed when it is made,
 // uses it.
 std::unique_ptr<Contender> make_rmm(const std::string& name, uint64_t peak_live);
+// RMM's version and that of the CCCL it was compiled against, e.g. "RMM 26.10.0, CCCL 3.5.0".
+std::string rmm_version();
 #endif
 
 }  // namespace cachalot_bench

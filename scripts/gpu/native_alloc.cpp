@@ -493,6 +493,15 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
 
 bool has_rmm() { return kWithRmm; }
 
+// What has_rmm's contenders were built from ("" without them).
+std::string rmm_version() {
+#ifdef CACHALOT_WITH_RMM
+  return cachalot_bench::rmm_version();
+#else
+  return "";
+#endif
+}
+
 void set_plugin(const std::string& path) { plugin_path = path; }
 
 }  // namespace
@@ -503,4 +512,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_plugin", &set_plugin, "the cachalot plug-in library for the cachalot:<policy> contenders");
   m.def("scaling", &scaling, "threaded alloc/free pattern, total ops per microsecond");
   m.def("has_rmm", &has_rmm, "whether the rmm:pool, rmm:arena and rmm:async contenders were built in");
+  m.def("rmm_version", &rmm_version, "the RMM and CCCL versions the rmm contenders were built from");
 }

@@ -27,8 +27,11 @@
 #include <rmm/mr/cuda_memory_resource.hpp>
 #include <rmm/mr/pool_memory_resource.hpp>
 
+#include <rmm/version_config.hpp>
+
 #include <cuda/memory_resource>
 #include <cuda/stream>
+#include <cuda/version>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -128,6 +131,11 @@ struct Async : Rmm<rmm::mr::cuda_async_memory_resource> {
 };
 
 }  // namespace
+
+std::string rmm_version() {
+  return std::string("RMM ") + RMM_VERSION + ", CCCL " + std::to_string(CCCL_MAJOR_VERSION) + "." +
+         std::to_string(CCCL_MINOR_VERSION) + "." + std::to_string(CCCL_PATCH_VERSION);
+}
 
 std::unique_ptr<Contender> make_rmm(const std::string& name, uint64_t peak_live) {
   if (name == "rmm:pool") return std::make_unique<Pool>();
