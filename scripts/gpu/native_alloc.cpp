@@ -27,9 +27,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
