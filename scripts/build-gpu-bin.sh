@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything the GPU machine needs (it has no Rust) and copies it into a
 # folder that the device tool carries: the GPU test binaries, the Rust GPU bench,
-# the op lists of the bundled traces, the native (C++) bench and scripts/gpu.sh.
+# the op lists of the bundled traces, the native (C++) bench, the RMM wheels for
+# its rmm contenders, and scripts/gpu.sh.
 # Usage: scripts/build-gpu-bin.sh [DEST]   (DEST defaults to ./gpu-bin/cuda; gpu-bin is git-ignored)
 # Then, on the GPU machine, from the repository root: bash DEST/gpu.sh DEST
 set -euo pipefail
@@ -43,6 +44,21 @@ else
 fi
 
 python3 scripts/trace-to-ops.py "$dest/ops" data/traces/{resnet50,vit_train_bf16,gpt2_train,bert_dynamic}.native.trace.csv.gz
+
+# RMM for the native bench's rmm:pool, rmm:arena and rmm:async contenders: its
+# two wheels from PyPI, kept zipped (about 5 MB together); on the GPU machine,
+# which has no network, native_bench.py unzips them and compiles against them.
+# Fetched once into $dest/rmm; without them the bench runs without RMM.
+rmm_version=26.10.0 rapids_logger_version=0.3.0
+mkdir -p "$dest/rmm"
+if ls "$dest/rmm/librmm_cu13-$rmm_version-"*.whl "$dest/rmm/rapids_logger-$rapids_logger_version-"*.whl \
+    >/dev/null 2>&1; then
+  echo "RMM wheels already in $dest/rmm"
+elif ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 -d "$dest/rmm" \
+    "librmm-cu13==$rmm_version" "rapids-logger==$rapids_logger_version"; then
+  echo "note: could not fetch the RMM wheels; the native bench will skip the rmm contenders" >&2
+fi
 cp scripts/gpu/* "$dest/scripts/"
 cp scripts/gpu.sh "$dest/gpu.sh"
 du -sh "$dest"

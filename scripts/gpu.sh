@@ -2,7 +2,8 @@
 # Everything cachalot checks on a GPU, in one go: the GPU tests, compute-sanitizer
 # on them, other helpers' GPU checks, then the side-by-side benchmark (PyTorch's
 # native allocator, cudaMallocAsync with a kept pool, cachalot with the pytorch
-# policy, cachalot with its own policy), ending with a short table.
+# policy, cachalot with its own policy, and RMM's pool, arena and async
+# resources where BIN/rmm holds RMM's wheels), ending with a short table.
 #
 # Usage, on the GPU machine from the repository root: bash gpu-bin/cuda/gpu.sh [BIN] [--quick]
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
@@ -82,10 +83,12 @@ else
   echo "skipped: no cachalot command in $(dirname "$bin")/torch (scripts/build-gpu-torch.sh builds it)"
 fi
 
-# The speed comparison runs all four allocators in one process, taking turns
+# The speed comparison runs all the allocators in one process, taking turns
 # (native_bench.py --plugin, with the plug-in from scripts/build-gpu-torch.sh
-# beside BIN); the Rust bench adds reserved memory, the simulator's prediction,
-# driver calls and cachalot's thread scaling.
+# beside BIN; RMM's pool, arena and async resources too where BIN/rmm holds
+# the RMM wheels that scripts/build-gpu-bin.sh fetches); the Rust bench adds
+# reserved memory, the simulator's prediction, driver calls and cachalot's
+# thread scaling.
 passes=20; steps=50000; turns=${TURNS:-5}
 [ "$quick" = --quick ] && { passes=5; steps=5000; turns=3; }
 plugin="$(dirname "$bin")/torch/libcachalot_torch.so"
@@ -93,10 +96,10 @@ one_process=()
 [ -f "$plugin" ] && one_process=(--plugin "$plugin" --turns "$turns")
 # The benchmarks run alone: the drop-in's environment must be ready first.
 [ -n "$prepare_pid" ] && { wait "$prepare_pid"; prepared=$?; }
-section "4. benchmark: native contenders, and all four in one process (C++ extension)"
+section "4. benchmark: native contenders, and all of them in one process (C++ extension)"
 python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json" \
   --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps \
-  "${one_process[@]}" || status=1
+  --rmm "$bin/rmm" "${one_process[@]}" || status=1
 section "5. benchmark: cachalot contenders (Rust)"
 if [ -x "$bin/gpu_bench" ]; then
   "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps || status=1

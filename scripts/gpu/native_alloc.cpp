@@ -11,6 +11,13 @@
 // policies live in this process beside PyTorch's allocator. `turns` replays an
 // op list through several contenders in turn, so a slow spell of the host
 // touches each alike.
+//
+// With CACHALOT_WITH_RMM (native_bench.py defines it where the RMM wheels are
+// present), RMM's pool, arena and async resources take part too, as
+// "rmm:pool", "rmm:arena" and "rmm:async" (rmm_contenders.cu, built by nvcc
+// into the same extension; contender.h is the interface both files share).
+#include "contender.h"
+
 #include <torch/extension.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime.h>
@@ -22,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +40,10 @@
 
 namespace {
 
+using cachalot_bench::Contender;
+
+// One op of an op list. A free carries the size of the allocation it frees
+// (load_ops fills it in), for the contenders that need it back.
 struct Op {
   bool alloc;
   uint32_t id;
@@ -57,6 +69,7 @@ std::vector<Op> load_ops(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   std::vector<Op> ops;
+  std::vector<uint64_t> size_of;
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
@@ -67,27 +80,38 @@ std::vector<Op> load_ops(const std::string& path) {
     bool ok = (line[0] == 'a' || line[0] == 'f') && take_number(p, id);
     if (alloc) ok = ok && take_number(p, size) && take_number(p, stream) && size > 0;
     if (!ok) throw std::runtime_error("bad op line in " + path + ": " + line);
+    if (alloc) {
+      if (id >= size_of.size()) size_of.resize(id + 1, 0);
+      size_of[id] = size;
+    } else {
+      if (id >= size_of.size() || size_of[id] == 0)
+        throw std::runtime_error("free of an unknown id in " + path + ": " + line);
+      size = size_of[id];
+    }
     ops.push_back(Op{alloc, static_cast<uint32_t>(id), size, static_cast<uint32_t>(stream)});
   }
   return ops;
 }
 
-// One contender: allocate on a stream, free (ordered on the allocating stream).
-struct Contender {
-  virtual ~Contender() = default;
-  virtual void* alloc(size_t size, cudaStream_t stream) = 0;
-  virtual void free(void* ptr, cudaStream_t stream) = 0;
-  // Reserved bytes now and at peak, as the allocator counts them.
-  virtual std::pair<uint64_t, uint64_t> reserved() = 0;
-  // Returns cached memory to the device and resets the peak.
-  virtual void release() = 0;
-};
+// The most requested bytes live at once over an op list.
+uint64_t peak_live(const std::vector<Op>& ops) {
+  uint64_t live = 0, peak = 0;
+  for (const Op& op : ops) {
+    if (op.alloc) {
+      live += op.size;
+      peak = std::max(peak, live);
+    } else {
+      live -= op.size;
+    }
+  }
+  return peak;
+}
 
 struct Native : Contender {
   void* alloc(size_t size, cudaStream_t stream) override {
     return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, stream);
   }
-  void free(void* ptr, cudaStream_t) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+  void free(void* ptr, size_t, cudaStream_t) override { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
   std::pair<uint64_t, uint64_t> reserved() override {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
     auto& r = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
@@ -112,7 +136,7 @@ struct Async : Contender {
     check(cudaMallocAsync(&p, size, stream), "cudaMallocAsync");
     return p;
   }
-  void free(void* ptr, cudaStream_t stream) override { check(cudaFreeAsync(ptr, stream), "cudaFreeAsync"); }
+  void free(void* ptr, size_t, cudaStream_t stream) override { check(cudaFreeAsync(ptr, stream), "cudaFreeAsync"); }
   std::pair<uint64_t, uint64_t> reserved() override {
     uint64_t cur = 0, high = 0;
     check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &cur), "reserved current");
@@ -174,7 +198,7 @@ struct Plugin : Contender {
     if (!p) fail("cachalot_alloc");
     return p;
   }
-  void free(void* ptr, cudaStream_t stream) override { free_fn(ptr, 0, 0, stream); }
+  void free(void* ptr, size_t, cudaStream_t stream) override { free_fn(ptr, 0, 0, stream); }
   std::pair<uint64_t, uint64_t> reserved() override { return {0, 0}; }
   void release() override {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -185,14 +209,32 @@ struct Plugin : Contender {
 // The plug-in library for the "cachalot:<policy>" contenders (set_plugin sets it).
 std::string plugin_path;
 
-std::unique_ptr<Contender> make(const std::string& name) {
+// Whether the RMM contenders were built in (has_rmm tells Python).
+#ifdef CACHALOT_WITH_RMM
+constexpr bool kWithRmm = true;
+#else
+constexpr bool kWithRmm = false;
+#endif
+
+// `peak_live`: the most requested bytes the caller will hold at once (only
+// rmm:arena, sized when it is made, uses it).
+std::unique_ptr<Contender> make(const std::string& name, uint64_t peak_live) {
   if (name == "pytorch") return std::make_unique<Native>();
   if (name == "async") return std::make_unique<Async>();
   const std::string prefix = "cachalot:";
   if (name.rfind(prefix, 0) == 0 && !plugin_path.empty())
     return std::make_unique<Plugin>(plugin_path, "policy:" + name.substr(prefix.size()));
+  if (name.rfind("rmm:", 0) == 0) {
+#ifdef CACHALOT_WITH_RMM
+    return cachalot_bench::make_rmm(name, peak_live);
+#else
+    (void)peak_live;
+    throw std::runtime_error("contender " + name + ": this extension was built without RMM "
+                             "(native_bench.py found no RMM wheels)");
+#endif
+  }
   throw std::runtime_error("unknown contender " + name +
-                           " (pytorch, async, or cachalot:<policy> after set_plugin)");
+                           " (pytorch, async, cachalot:<policy> after set_plugin, rmm:pool, rmm:arena, rmm:async)");
 }
 
 uint64_t device_free() {
@@ -211,7 +253,7 @@ double replay_pass(Contender& contender, const std::vector<Op>& ops, const std::
       ptrs[op.id] = contender.alloc(op.size, streams[op.stream]);
       stream_of[op.id] = op.stream;
     } else {
-      contender.free(ptrs[op.id], streams[stream_of[op.id]]);
+      contender.free(ptrs[op.id], op.size, streams[stream_of[op.id]]);
     }
   }
   auto stop = std::chrono::steady_clock::now();
@@ -250,9 +292,10 @@ py::dict replay(const std::string& path, const std::string& name, int passes) {
   auto ops = load_ops(path);
   auto [ids, nstreams] = shape(ops);
   uint64_t requested = 0;
-  for (auto& op : ops) requested += op.size;
+  for (auto& op : ops)
+    if (op.alloc) requested += op.size;
   auto streams = make_streams(nstreams);
-  auto contender = make(name);
+  auto contender = make(name, peak_live(ops));
   contender->release();
   std::vector<void*> ptrs(ids, nullptr);
   std::vector<uint32_t> stream_of(ids, 0);
@@ -292,17 +335,24 @@ struct Lcg {
   }
 };
 
-uint64_t run_pattern(Contender& c, cudaStream_t stream, uint64_t seed, uint64_t steps, std::vector<void*>& live) {
+// A slot's allocation and its size (the size goes back to free).
+struct Slot {
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
+uint64_t run_pattern(Contender& c, cudaStream_t stream, uint64_t seed, uint64_t steps, std::vector<Slot>& live) {
   Lcg lcg{seed};
   uint64_t ops = 0;
   for (uint64_t i = 0; i < steps; ++i) {
     uint64_t r = lcg.next();
-    uint32_t slot = r % kSlots;
-    if (live[slot]) {
-      c.free(live[slot], stream);
+    Slot& slot = live[r % kSlots];
+    if (slot.ptr) {
+      c.free(slot.ptr, slot.size, stream);
       ++ops;
     }
-    live[slot] = c.alloc(kSizes[(r >> 8) % (sizeof(kSizes) / sizeof(kSizes[0]))], stream);
+    slot.size = kSizes[(r >> 8) % (sizeof(kSizes) / sizeof(kSizes[0]))];
+    slot.ptr = c.alloc(slot.size, stream);
     ++ops;
   }
   return ops;
@@ -312,7 +362,8 @@ uint64_t run_pattern(Contender& c, cudaStream_t stream, uint64_t seed, uint64_t 
 // untimed warm-up as long as the timed run; returns total operations per
 // microsecond.
 double scaling(const std::string& name, int threads, uint64_t steps) {
-  auto contender = make(name);
+  // At most every slot of every thread holds the largest size.
+  auto contender = make(name, uint64_t{kSlots} * threads * kSizes[sizeof(kSizes) / sizeof(kSizes[0]) - 1]);
   contender->release();
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
@@ -324,14 +375,14 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
       check(cudaSetDevice(0), "cudaSetDevice");
       cudaStream_t stream;
       check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-      std::vector<void*> live(kSlots, nullptr);
+      std::vector<Slot> live(kSlots);
       run_pattern(*contender, stream, t + 1, steps, live);
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       ops[t] = run_pattern(*contender, stream, t + 101, steps, live);
       ends[t] = std::chrono::steady_clock::now();
-      for (void* p : live)
-        if (p) contender->free(p, stream);
+      for (const Slot& s : live)
+        if (s.ptr) contender->free(s.ptr, s.size, stream);
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       check(cudaStreamDestroy(stream), "stream destroy");
     });
@@ -351,41 +402,104 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
 // process: first each one's first pass from an empty cache, then `turns` turns
 // in which each contender takes one untimed pass (its caches and branch
 // predictors warm up again after the others' turns) and `timed` timed ones.
-// Returns, per contender, the first pass's ns per op and each turn's mean ns
-// per op over its timed passes.
+// Returns, per contender, the first pass's ns per op, each turn's mean ns per
+// op over its timed passes, and, where the allocator counts them, its reserved
+// bytes after the first pass and at peak.
+//
+// A contender that throws (all of them hold their caches at once, so a late
+// one can find the device full, or RMM's arena too small) is released and
+// left out of the later passes, so that the others still finish: its entry
+// says why ("failed") and keeps what it ran before. What its broken pass held
+// may stay allocated.
 py::dict turns(const std::string& path, const std::vector<std::string>& names, int turns, int timed) {
   auto ops = load_ops(path);
   auto [ids, nstreams] = shape(ops);
+  const uint64_t peak = peak_live(ops);
   auto streams = make_streams(nstreams);
-  std::vector<std::unique_ptr<Contender>> contenders;
-  for (auto& name : names) contenders.push_back(make(name));
-  std::vector<std::vector<void*>> ptrs(names.size(), std::vector<void*>(ids, nullptr));
-  std::vector<uint32_t> stream_of(ids, 0);
-  std::vector<double> first(names.size());
-  std::vector<py::list> means(names.size());
-  auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
-  for (size_t c = 0; c < contenders.size(); ++c) {
-    contenders[c]->release();
-    first[c] = pass(c);
-  }
-  for (int turn = 0; turn < turns; ++turn) {
-    for (size_t c = 0; c < contenders.size(); ++c) {
-      pass(c);
-      double sum = 0;
-      for (int t = 0; t < timed; ++t) sum += pass(c);
-      means[c].append(sum / timed);
+  const size_t n = names.size();
+  std::vector<std::unique_ptr<Contender>> contenders(n);
+  std::vector<std::string> failed(n);
+  auto fail = [&](size_t c, const std::exception& e) {
+    failed[c] = e.what();
+    std::fprintf(stderr, "%s: contender %s failed and is left out from here on: %s\n", path.c_str(),
+                 names[c].c_str(), e.what());
+    if (!contenders[c]) return;
+    try {
+      contenders[c]->release();
+    } catch (const std::exception&) {
+    }
+  };
+  for (size_t c = 0; c < n; ++c) {
+    try {
+      contenders[c] = make(names[c], peak);
+    } catch (const std::exception& e) {
+      fail(c, e);
     }
   }
-  for (auto& c : contenders) c->release();
+  std::vector<std::vector<void*>> ptrs(n, std::vector<void*>(ids, nullptr));
+  std::vector<uint32_t> stream_of(ids, 0);
+  std::vector<double> first(n, -1);
+  std::vector<std::pair<uint64_t, uint64_t>> reserved(n, {0, 0});
+  std::vector<py::list> means(n);
+  auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
+  for (size_t c = 0; c < n; ++c) {
+    if (!failed[c].empty()) continue;
+    try {
+      contenders[c]->release();
+      first[c] = pass(c);
+      reserved[c].first = contenders[c]->reserved().first;
+    } catch (const std::exception& e) {
+      fail(c, e);
+    }
+  }
+  for (int turn = 0; turn < turns; ++turn) {
+    for (size_t c = 0; c < n; ++c) {
+      if (!failed[c].empty()) continue;
+      try {
+        pass(c);
+        double sum = 0;
+        for (int t = 0; t < timed; ++t) sum += pass(c);
+        means[c].append(sum / timed);
+      } catch (const std::exception& e) {
+        fail(c, e);
+      }
+    }
+  }
+  for (size_t c = 0; c < n; ++c) {
+    if (!failed[c].empty()) continue;
+    try {
+      reserved[c].second = contenders[c]->reserved().second;
+      contenders[c]->release();
+    } catch (const std::exception& e) {
+      fail(c, e);
+    }
+  }
   destroy_streams(streams);
   py::dict out;
-  for (size_t c = 0; c < names.size(); ++c) {
+  for (size_t c = 0; c < n; ++c) {
     py::dict r;
-    r["first"] = first[c];
+    r["first"] = first[c] < 0 ? py::object(py::none()) : py::object(py::float_(first[c]));
     r["turns"] = means[c];
+    // {0, 0}: the allocator counts none (cachalot's plug-in; its own bench does).
+    if (reserved[c].first || reserved[c].second) {
+      r["reserved_after_first"] = reserved[c].first;
+      r["reserved_peak"] = reserved[c].second;
+    }
+    if (!failed[c].empty()) r["failed"] = failed[c];
     out[py::str(names[c])] = r;
   }
   return out;
+}
+
+bool has_rmm() { return kWithRmm; }
+
+// What has_rmm's contenders were built from ("" without them).
+std::string rmm_version() {
+#ifdef CACHALOT_WITH_RMM
+  return cachalot_bench::rmm_version();
+#else
+  return "";
+#endif
 }
 
 void set_plugin(const std::string& path) { plugin_path = path; }
@@ -397,4 +511,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("turns", &turns, "replay an op list through several contenders in turn");
   m.def("set_plugin", &set_plugin, "the cachalot plug-in library for the cachalot:<policy> contenders");
   m.def("scaling", &scaling, "threaded alloc/free pattern, total ops per microsecond");
+  m.def("has_rmm", &has_rmm, "whether the rmm:pool, rmm:arena and rmm:async contenders were built in");
+  m.def("rmm_version", &rmm_version, "the RMM and CCCL versions the rmm contenders were built from");
 }

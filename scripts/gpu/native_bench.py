@@ -5,20 +5,31 @@ allocator and cudaMallocAsync with a kept pool) over op lists, and writes JSON.
 Usage: native_bench.py --ops DIR --out FILE.json [--so PREBUILT.so] [--build-dir DIR]
                        [--passes N] [--steps N] [--threads 1,2,4,8] [--repeats 3]
                        [--plugin libcachalot_torch.so] [--turns N] [--timed N]
+                       [--rmm DIR]
 
-With --plugin, each op list is also replayed in this one process by all four
-contenders in turn: PyTorch's allocator, cudaMallocAsync, and cachalot's
-plug-in with the pytorch and with the cachalot policy (a private copy of the
-library each). Each takes a first pass from an empty cache, then --turns turns
-of one untimed pass and --timed timed ones. The JSON's "one_process" part has,
-per op list and contender, the first pass, every turn's ns per op and their
-median, and every turn's ratio to PyTorch's allocator with their median and
-the worst.
+With --plugin, each op list is also replayed in this one process by all the
+contenders in turn: PyTorch's allocator, cudaMallocAsync, cachalot's plug-in
+with the pytorch and with the cachalot policy (a private copy of the library
+each), and, where the extension was built with RMM, RMM's pool, arena and
+async resources (rmm:pool, rmm:arena, rmm:async). Each takes a first pass
+from an empty cache, then --turns turns of one untimed pass and --timed timed
+ones. The JSON's "one_process" part has, per op list and contender, the first
+pass, every turn's ns per op and their median, every turn's ratio to PyTorch's
+allocator with their median and the worst, the reserved bytes where the
+allocator counts them, and "failed" with the reason for a contender that threw
+(it is left out of the passes after that).
 
 The extension (native_alloc.cpp beside this file) is loaded from --so when given
 and present, else compiled with torch.utils.cpp_extension.load into --build-dir.
+The RMM contenders (rmm_contenders.cu beside it) are compiled in when --rmm
+(default: the folder rmm beside this script's folder, where
+scripts/build-gpu-bin.sh puts them) holds the wheels librmm_cu13-*.whl and
+rapids_logger-*.whl: they are unzipped to /tmp/cachalot-rmm and nvcc compiles
+rmm_contenders.cu against their headers (C++20, RMM's own CCCL first). Without
+the wheels the extension is built as before and the rmm contenders are skipped.
 """
 import argparse
+import ctypes
 import glob
 import importlib.util
 import json
@@ -26,11 +37,48 @@ import os
 import statistics
 import sys
 import time
+import zipfile
 
 import torch
 
 
-def load_extension(so, build_dir):
+HERE = os.path.dirname(os.path.abspath(__file__))
+RMM_WHEELS = ("librmm_cu13-*.whl", "rapids_logger-*.whl")
+RMM_UNPACKED = "/tmp/cachalot-rmm"
+
+
+def unpack_rmm(rmm_dir, dest=RMM_UNPACKED):
+    """Unzips the RMM wheels in rmm_dir into dest (once per wheel) and loads
+    their libraries; returns their include and library folders, or None (with
+    a note) when a wheel is missing."""
+    wheels = []
+    for pattern in RMM_WHEELS:
+        found = sorted(glob.glob(os.path.join(rmm_dir, pattern))) if rmm_dir else []
+        if not found:
+            print(f"note: no {pattern} in {rmm_dir}: the extension is built without RMM and the rmm "
+                  f"contenders are skipped (scripts/build-gpu-bin.sh fetches the wheels)", file=sys.stderr)
+            return None
+        wheels.append(found[-1])
+    for wheel in wheels:
+        done = os.path.join(dest, ".unpacked-" + os.path.basename(wheel))
+        if not os.path.exists(done):
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(dest)
+            open(done, "w").close()
+    rmm = {
+        # RMM's own CCCL (include/rapids) comes first, ahead of the toolkit's.
+        "include": [f"{dest}/librmm/include/rapids", f"{dest}/librmm/include", f"{dest}/rapids_logger/include"],
+        "lib": [f"{dest}/rapids_logger/lib64", f"{dest}/librmm/lib64"],
+    }
+    # librmm.so finds librapids_logger.so only beside itself or on the loader's
+    # path: loaded first, in this order, each is found by its name when the
+    # extension (or librmm.so) asks for it, as the wheels' own load_library does.
+    for lib, name in zip(rmm["lib"], ("librapids_logger.so", "librmm.so")):
+        ctypes.CDLL(os.path.join(lib, name), mode=os.RTLD_LOCAL)
+    return rmm
+
+
+def load_extension(so, build_dir, rmm=None):
     if so and os.path.exists(so):
         spec = importlib.util.spec_from_file_location("cachalot_native_bench", so)
         module = importlib.util.module_from_spec(spec)
@@ -39,12 +87,28 @@ def load_extension(so, build_dir):
     from torch.utils.cpp_extension import load
 
     os.makedirs(build_dir, exist_ok=True)
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_alloc.cpp")
+    sources = [os.path.join(HERE, "native_alloc.cpp")]
+    cflags, cuda_cflags, ldflags = ["-O2"], [], []
+    if rmm:
+        # rmm_contenders.cu alone is compiled by nvcc, with RMM's include
+        # folders (-I, searched before the -isystem folders of torch and the
+        # toolkit) and C++20; native_alloc.cpp keeps torch's flags.
+        sources.append(os.path.join(HERE, "rmm_contenders.cu"))
+        cflags.append("-DCACHALOT_WITH_RMM")
+        cuda_cflags = [f"-I{d}" for d in rmm["include"]] + ["-std=c++20", "-O2", "-DCACHALOT_WITH_RMM"]
+        ldflags = ([f"-L{d}" for d in rmm["lib"]] + [f"-Wl,-rpath,{d}" for d in rmm["lib"]] +
+                   ["-Wl,--push-state,--no-as-needed", "-lrapids_logger", "-lrmm", "-Wl,--pop-state"])
     start = time.time()
-    module = load(name="cachalot_native_bench", sources=[src], extra_cflags=["-O2"],
+    module = load(name="cachalot_native_bench", sources=sources, extra_cflags=cflags,
+                  extra_cuda_cflags=cuda_cflags, extra_ldflags=ldflags,
                   build_directory=build_dir, with_cuda=True, verbose=False)
-    print(f"compiled the extension in {time.time() - start:.0f} s", file=sys.stderr)
+    print(f"compiled the extension{' with RMM' if rmm else ''} in {time.time() - start:.0f} s", file=sys.stderr)
     return module
+
+
+def has_rmm(ext):
+    """Whether the extension holds the rmm contenders (an older build has no has_rmm)."""
+    return bool(getattr(ext, "has_rmm", lambda: False)())
 
 
 def expected_bytes(path):
@@ -53,25 +117,49 @@ def expected_bytes(path):
 
 
 ONE_PROCESS = ["pytorch", "async", "cachalot:pytorch", "cachalot:cachalot"]
+# Appended to ONE_PROCESS where the extension was built with RMM; the arena
+# before rmm:async, since it is sized by the memory free when it is made.
+RMM_CONTENDERS = ["rmm:pool", "rmm:arena", "rmm:async"]
+
+
+def summary(name, r):
+    if "steady" not in r:
+        return f"{name} FAILED ({r.get('failed')})"
+    text = f"{name} {r['steady']:.0f} ns/op"
+    if "ratio_median" in r:
+        text += f" ({r['ratio_median']:.3f}; worst {r['ratio_worst']:.3f})"
+    if "failed" in r:
+        text += f" [failed after {len(r['turns'])} turns: {r['failed']}]"
+    return text
 
 
 def one_process(ext, ops_dir, plugin, turns, timed):
-    """All four contenders in this process, taking turns, per op list."""
+    """All contenders in this process, taking turns, per op list."""
     ext.set_plugin(plugin)
-    out = {"turns": turns, "timed": timed, "traces": {}}
+    names = ONE_PROCESS + (RMM_CONTENDERS if has_rmm(ext) else [])
+    if not has_rmm(ext):
+        print("note: the extension has no RMM: rmm:pool, rmm:arena and rmm:async are skipped", file=sys.stderr)
+    out = {"turns": turns, "timed": timed, "contenders": names, "traces": {}}
     for path in sorted(glob.glob(os.path.join(ops_dir, "*.ops"))):
         trace = os.path.basename(path)[:-4]
-        by = ext.turns(path, ONE_PROCESS, turns, timed)
+        by = ext.turns(path, names, turns, timed)
         native = by["pytorch"]["turns"]
         for name, r in by.items():
+            if not r["turns"]:
+                continue
             r["steady"] = statistics.median(r["turns"])
-            r["ratios"] = [c / n for c, n in zip(r["turns"], native)]
-            r["ratio_median"], r["ratio_worst"] = statistics.median(r["ratios"]), max(r["ratios"])
+            if native:
+                r["ratios"] = [c / n for c, n in zip(r["turns"], native)]
+                r["ratio_median"], r["ratio_worst"] = statistics.median(r["ratios"]), max(r["ratios"])
         out["traces"][trace] = by
-        print(f"{trace:16} one process: " + ", ".join(
-            f"{name} {r['steady']:.0f} ns/op ({r['ratio_median']:.3f}; worst {r['ratio_worst']:.3f})"
-            for name, r in by.items()))
+        print(f"{trace:16} one process: " + ", ".join(summary(name, r) for name, r in by.items()))
     return out
+
+
+def failed_natives(one):
+    """The one-process contenders other than RMM's that threw, as 'trace: name'."""
+    return [f"{trace}: {name}" for trace, by in one["traces"].items()
+            for name, r in by.items() if "failed" in r and name in ONE_PROCESS]
 
 
 def main():
@@ -88,11 +176,16 @@ def main():
     ap.add_argument("--plugin", help="libcachalot_torch.so, for the one-process replay")
     ap.add_argument("--turns", type=int, default=15)
     ap.add_argument("--timed", type=int, default=3, help="timed passes per turn")
+    ap.add_argument("--rmm", default=os.path.join(os.path.dirname(HERE), "rmm"),
+                    help="folder of the librmm-cu13 and rapids-logger wheels (the rmm contenders)")
     args = ap.parse_args()
 
     torch.cuda.init()
-    ext = load_extension(args.so, args.build_dir)
+    ext = load_extension(args.so, args.build_dir, unpack_rmm(args.rmm))
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "replay": {}, "scaling": {}}
+    if has_rmm(ext):
+        result["rmm"] = ext.rmm_version()
+        print(f"rmm contenders built from {result['rmm']}")
     contenders = args.contenders.split(",")
     for path in sorted(glob.glob(os.path.join(args.ops, "*.ops"))):
         trace = os.path.basename(path)[:-4]
@@ -120,6 +213,9 @@ def main():
                   f"{', '.join(f'{r:.2f}' for r in runs)})")
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)
+    failed = failed_natives(result.get("one_process", {"traces": {}}))
+    if failed:
+        sys.exit("one-process contenders failed: " + "; ".join(failed))
 
 
 if __name__ == "__main__":

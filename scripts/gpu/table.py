@@ -3,12 +3,15 @@
 native_bench.py, cachalot.json from the Rust gpu bench) into markdown tables.
 
 The speed comparison is the one-process run of native_bench.py --plugin: all
-four allocators in one process, taking turns, so a slow spell of the host
+the allocators in one process (RMM's pool, arena and async resources too where
+the extension was built with RMM), taking turns, so a slow spell of the host
 touches each alike; each ratio is the median of the turns' ratios, shown with
 the middle half of them (a single turn can be hit by a pause of the host far
 longer than a fast allocator's turn; every turn is in the JSON). Reserved
 memory, the simulator's prediction and driver calls come from the Rust bench
-(CudaBackend, its own process), whose own ns/op are listed apart.
+(CudaBackend, its own process), whose own ns/op are listed apart; for the
+allocators that it and native_bench.py's own replay do not run (RMM's), the
+reserved memory is what the allocator reported in the one-process run.
 
 Usage: table.py DIR
 """
@@ -22,6 +25,9 @@ NAMES = {
     "async": "cudaMallocAsync (kept pool)",
     "cachalot:pytorch": "cachalot, pytorch policy",
     "cachalot:cachalot": "cachalot, cachalot policy",
+    "rmm:pool": "RMM pool_memory_resource (from empty)",
+    "rmm:arena": "RMM arena_memory_resource",
+    "rmm:async": "RMM cuda_async_memory_resource",
 }
 
 
@@ -52,25 +58,50 @@ def memory_rows(native, cachalot):
     return rows
 
 
+def num(x, fmt):
+    return "-" if x is None else format(x, fmt)
+
+
 def speed_table(one, memory):
-    print(f"One process, the four allocators taking turns ({one['turns']} turns of one untimed "
+    keys = [k for k in NAMES if any(k in by for by in one["traces"].values())]
+    print(f"One process, the {len(keys)} allocators taking turns ({one['turns']} turns of one untimed "
           f"and {one['timed']} timed passes each; cachalot through its plug-in's C entry points):\n")
     print("| trace | allocator | ns/op first pass | ns/op steady (median of turns) "
           "| / PyTorch native (median of turns) | middle half of turns | reserved MiB (allocator) "
           "| device used MiB (cuMemGetInfo) | simulator predicted MiB "
           "| driver memory calls: first pass / later pass |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    failures = []
     for trace, by in sorted(one["traces"].items()):
-        for key, name in NAMES.items():
+        for key in keys:
             r = by.get(key)
             if not r:
                 continue
+            name = NAMES[key]
+            if "failed" in r:
+                failures.append(f"{trace}, {name}: {r['failed']} (after {len(r['turns'])} turns)")
+                name += " (failed)"
             m = memory.get(trace, {}).get(key, {})
-            q1, _, q3 = statistics.quantiles(r["ratios"], n=4)
-            print(f"| {trace} | {name} | {r['first']:.0f} | {r['steady']:.0f} | "
-                  f"{r['ratio_median']:.3f} | {q1:.3f} - {q3:.3f} | "
-                  f"{mib(m.get('reserved_after_first'))} | {mib(m.get('device_used_after_first'))} | "
+            reserved = m.get("reserved_after_first", r.get("reserved_after_first"))
+            ratios = r.get("ratios", [])
+            spread = "-"
+            if len(ratios) >= 2:
+                q1, _, q3 = statistics.quantiles(ratios, n=4)
+                spread = f"{q1:.3f} - {q3:.3f}"
+            print(f"| {trace} | {name} | {num(r.get('first'), '.0f')} | {num(r.get('steady'), '.0f')} | "
+                  f"{num(r.get('ratio_median'), '.3f')} | {spread} | "
+                  f"{mib(reserved)} | {mib(m.get('device_used_after_first'))} | "
                   f"{mib(m.get('sim_reserved'))} | {calls(m)} |")
+    if any(k.startswith("rmm:") for k in keys):
+        print("\nRMM 26.10, each resource over cudaMalloc where it has an upstream: the pool starts empty and "
+              "grows by at least its own size (reserved: the pool's size, which never shrinks); the arena "
+              "takes its whole size from the device when it is made (1.5 times the op list's peak of live "
+              "bytes, at least 1 GiB, at most half the free memory; reserved: that size); the async resource "
+              "is cudaMallocAsync on a kept pool of its own (reserved: the pool's count). The arena frees "
+              "blocks over 1 MiB after a cudaStreamSynchronize of their stream, by design; device used, "
+              "where native_bench.py --contenders ran it, misses the arena, taken before the first pass.")
+    for failure in failures:
+        print(f"\nFAILED: {failure}")
 
 
 def rust_table(memory):
