@@ -43,7 +43,7 @@ else
   echo "note: no gpu bench target yet; the Rust contenders will be skipped" >&2
 fi
 
-python3 scripts/trace-to-ops.py "$dest/ops" data/traces/{resnet50,vit_train_bf16,gpt2_train,bert_dynamic}.native.trace.csv.gz
+python3 scripts/trace-to-ops.py "$dest/ops" data/traces/{resnet50,vit_train_bf16,gpt2_train,bert_dynamic,llama_train_bf16,gpt2_generate}.native.trace.csv.gz
 
 # RMM for the native bench's rmm:pool, rmm:arena and rmm:async contenders: its
 # two wheels from PyPI, kept zipped (about 5 MB together); on the GPU machine,
@@ -59,7 +59,7 @@ elif ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version
     "librmm-cu13==$rmm_version" "rapids-logger==$rapids_logger_version"; then
   echo "note: could not fetch the RMM wheels; the native bench will skip the rmm contenders" >&2
 fi
-cp scripts/gpu/* "$dest/scripts/"
+cp scripts/gpu/* scripts/trace-to-ops.py "$dest/scripts/"
 cp scripts/gpu.sh "$dest/gpu.sh"
 du -sh "$dest"
 ls -l "$dest" "$dest/tests"

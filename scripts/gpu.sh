@@ -8,6 +8,10 @@
 # Usage, on the GPU machine from the repository root: bash gpu-bin/cuda/gpu.sh [BIN] [--quick]
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
+# ONLY="KEY..." runs only the sections named (record tests sanitizer checks
+# replay bench torch; the tables always): the whole script takes longer than
+# one 10-minute device call, so a session runs it in two, e.g.
+# ONLY="record bench" and ONLY="tests sanitizer checks replay torch".
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
 bin=${1:-gpu-bin/cuda}
@@ -20,6 +24,7 @@ status=0
 # listed at the end.
 exec > >(tee "$out/gpu.log") 2>&1
 started=$SECONDS; mark=$SECONDS; timings=()
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 section() {
   [ -n "${current:-}" ] && timings+=("$current: $((SECONDS - mark)) s")
   current=$1; mark=$SECONDS
@@ -36,11 +41,18 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if want torch && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
 
+if want record; then
+section "0. recordings: new workloads traced under PyTorch's allocators (record_traces.py), added to the benchmark's op lists"
+python3 "$bin/scripts/record_traces.py" "$out/traces" || status=1
+python3 "$bin/scripts/trace-to-ops.py" "$bin/ops" "$out"/traces/*.native.trace.csv.gz || status=1
+fi
+
+if want tests; then
 section "1. GPU tests"
 for t in "$bin"/tests/*; do
   [ -x "$t" ] || continue
@@ -48,6 +60,9 @@ for t in "$bin"/tests/*; do
   if ! "$t" --test-threads=1 --nocapture; then status=1; echo "FAILED: $(basename "$t")"; fi
 done
 
+fi
+
+if want sanitizer; then
 section "2. compute-sanitizer (memcheck, leak check) on the GPU tests"
 # The golden parity test only repeats the allocator logic with many driver calls,
 # so the sanitizer runs the backend tests and the integrity stress.
@@ -66,6 +81,9 @@ else
   echo "skipped: compute-sanitizer not installed"
 fi
 
+fi
+
+if want checks; then
 section "3. other helpers' GPU checks"
 # Other helpers' GPU checks: each executable in gpu-bin/checks/ (beside BIN; carry it
 # with its binaries) runs here from the repository root; a non-zero exit fails the run.
@@ -75,12 +93,17 @@ for check in "$(dirname "$bin")"/checks/*; do
   "$check" || { status=1; echo "FAILED: $(basename "$check")"; }
 done
 
+fi
+
+if want replay; then
 section "3b. the bundled traces replayed on the GPU (cachalot replay --device cuda:0) against the simulator"
 cli="$(dirname "$bin")/torch/cachalot"
 if [ -x "$cli" ]; then
   python3 "$bin/scripts/replay_on_gpu.py" "$cli" "$out/replay_gpu.md" || status=1
 else
   echo "skipped: no cachalot command in $(dirname "$bin")/torch (scripts/build-gpu-torch.sh builds it)"
+fi
+
 fi
 
 # The speed comparison runs all the allocators in one process, taking turns
@@ -96,6 +119,7 @@ one_process=()
 [ -f "$plugin" ] && one_process=(--plugin "$plugin" --turns "$turns")
 # The benchmarks run alone: the drop-in's environment must be ready first.
 [ -n "$prepare_pid" ] && { wait "$prepare_pid"; prepared=$?; }
+if want bench; then
 section "4. benchmark: native contenders, and all of them in one process (C++ extension)"
 python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json" \
   --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps \
@@ -110,6 +134,9 @@ if [ ! -f "$bin/ext/cachalot_native_bench.so" ] && [ -f /tmp/cachalot-ext/cachal
   cp /tmp/cachalot-ext/cachalot_native_bench.so "$out/" && echo "built extension copied to \$OUT"
 fi
 
+fi
+
+if want torch; then
 section "6. PyTorch drop-in: the wheel in a fresh venv, the plug-in suite per policy, real models, the tuner proven"
 if [ -n "$prepare_pid" ]; then
   cat /tmp/cachalot-prepare.log
@@ -120,6 +147,8 @@ if [ -n "$prepare_pid" ]; then
   fi
 else
   echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+fi
+
 fi
 
 section "7. tables"

@@ -35,6 +35,7 @@
 //! table order by `validate`); a stream's lock is never held while the merge
 //! state is taken.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::InvariantViolation;
@@ -44,6 +45,20 @@ use super::tally::{Family, Tally};
 
 /// Changes a journal holds before its stream asks for a merge.
 pub(crate) const JOURNAL_LIMIT: usize = 1024;
+
+/// Journals this many times the limit make their stream wait for a merge.
+const OVERFULL: usize = 16;
+
+/// How full a journal is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// Below the limit.
+    Room,
+    /// At the limit: a merge is due, unless one is under way.
+    Full,
+    /// Far past it: the stream waits for a merge.
+    Overfull,
+}
 
 /// One change to a stream's statistics, as its ledger makes it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -176,9 +191,14 @@ impl Journal {
         self.entries.push((stamp, change));
     }
 
-    /// Whether the stream should ask for a merge.
-    pub(crate) fn full(&self) -> bool {
-        self.entries.len() >= JOURNAL_LIMIT
+    /// Whether the stream should ask for a merge ([`Fill::Full`]), or wait
+    /// for one ([`Fill::Overfull`]: other streams outpace the merges).
+    pub(crate) fn fill(&self) -> Fill {
+        match self.entries.len() {
+            n if n >= OVERFULL * JOURNAL_LIMIT => Fill::Overfull,
+            n if n >= JOURNAL_LIMIT => Fill::Full,
+            _ => Fill::Room,
+        }
     }
 }
 
@@ -187,6 +207,9 @@ impl Journal {
 pub(crate) struct DeviceJournal {
     clock: quanta::Clock,
     merged: Mutex<Option<Merged>>,
+    /// Whether a merge is under way: read by every stream whose journal is
+    /// full, so that they do not all take turns at the lock's cache line.
+    merging: AtomicBool,
 }
 
 /// The device's figures, as of every change stamped before `horizon`.
@@ -210,12 +233,23 @@ impl DeviceJournal {
         DeviceJournal {
             clock: quanta::Clock::new(),
             merged: Mutex::new(None),
+            merging: AtomicBool::new(false),
         }
     }
 
     /// The merge state: `None` while the device has had one stream.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Merged>> {
         self.merged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a merge is under way.
+    pub(crate) fn busy(&self) -> bool {
+        self.merging.load(Ordering::Relaxed)
+    }
+
+    /// Marks a merge as under way or done.
+    pub(crate) fn set_busy(&self, busy: bool) {
+        self.merging.store(busy, Ordering::Relaxed);
     }
 
     /// The merge state, unless another thread holds it.
@@ -437,8 +471,12 @@ mod tests {
         for _ in 1..JOURNAL_LIMIT {
             j.note(alloc(512));
         }
-        assert!(!j.full());
+        assert_eq!(j.fill(), Fill::Room);
         j.note(alloc(512));
-        assert!(j.full());
+        assert_eq!(j.fill(), Fill::Full);
+        for _ in JOURNAL_LIMIT..OVERFULL * JOURNAL_LIMIT {
+            j.note(alloc(512));
+        }
+        assert_eq!(j.fill(), Fill::Overfull);
     }
 }

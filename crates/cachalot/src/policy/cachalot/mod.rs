@@ -148,7 +148,7 @@ use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
 use directory::{Directory, StreamEntry, MAX_STREAMS};
-use journal::{DeviceJournal, Merged};
+use journal::{DeviceJournal, Fill, Merged};
 use ledger::Ledger;
 use pages::Pages;
 use pool::ROUNDING;
@@ -299,24 +299,29 @@ impl CachalotAllocator {
     /// stream's is full.
     #[inline(always)]
     fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
-        let (out, full) = {
+        let (out, fill) = {
             let mut st = entry.lock();
             let out = f(&mut st);
-            (out, st.ledger.journal().is_some_and(|j| j.full()))
+            (out, st.ledger.journal().map_or(Fill::Room, |j| j.fill()))
         };
-        if full {
-            self.merge_unless_merging();
+        if fill != Fill::Room {
+            self.merge_when_full(fill);
         }
         out
     }
 
     /// A merge, unless one is under way (which takes this stream's changes
-    /// too, or the next one will: a journal may pass its limit meanwhile).
+    /// too, or the next one will: a journal may pass its limit meanwhile);
+    /// an overfull journal waits for one.
     #[cold]
     #[inline(never)]
-    fn merge_unless_merging(&self) {
-        if let Some(mut merged) = self.journal.try_lock() {
-            self.merge_locked(&mut merged);
+    fn merge_when_full(&self, fill: Fill) {
+        if fill == Fill::Overfull {
+            drop(self.merge());
+        } else if !self.journal.busy() {
+            if let Some(mut merged) = self.journal.try_lock() {
+                self.merge_locked(&mut merged);
+            }
         }
     }
 
@@ -331,6 +336,7 @@ impl CachalotAllocator {
 
     fn merge_locked(&self, merged: &mut Option<Merged>) {
         if let Some(m) = merged.as_mut() {
+            self.journal.set_busy(true);
             let horizon = self.journal.now();
             for entry in self.streams.iter() {
                 if let Some(journal) = entry.lock().ledger.journal() {
@@ -338,6 +344,7 @@ impl CachalotAllocator {
                 }
             }
             m.settle(horizon);
+            self.journal.set_busy(false);
         }
     }
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Records PyTorch workloads' allocator traces on the GPU, as the bundled ones in
+data/traces were recorded: each workload runs in a fresh process under
+PyTorch's native allocator and under expandable segments, with
+torch.cuda.memory._record_memory_history on from the first allocation, and
+writes <workload>.<label>.trace.csv.gz (DESIGN.md's trace CSV) and
+<workload>.<label>.stats.json.gz (the run's facts, checkpoints and PyTorch's
+memory_stats at the end).
+
+Workloads (random weights and data: the machine has no network):
+  llama_train_bf16  a Llama-style model (transformers LlamaConfig, 4 layers,
+                    hidden 1024, GQA 16/8 heads) in bf16, AdamW, 6 steps of
+                    batch 8 x 512 random tokens
+  gpt2_generate     GPT-2 (124M, fp16) generating 64 new tokens greedily with
+                    the KV cache, batch 4, for prompts of 16, 64, 256 and 512
+                    tokens
+
+Usage: record_traces.py OUT_DIR [WORKLOAD...]
+"""
+import csv
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+LABELS = {"native": "", "expandable": "expandable_segments:True"}
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc",
+           "segment_free", "segment_map", "segment_unmap"}
+
+
+def llama_train(torch, checkpoint):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                         num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                         max_position_embeddings=1024)
+    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(6):
+        tokens = torch.randint(0, config.vocab_size, (8, 512), device="cuda")
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        checkpoint(f"step {step}")
+
+
+def gpt2_generate(torch, checkpoint):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config()
+    model = GPT2LMHeadModel(config).to(device="cuda", dtype=torch.float16).eval()
+    with torch.no_grad():
+        for prompt in (16, 64, 256, 512):
+            tokens = torch.randint(0, config.vocab_size, (4, prompt), device="cuda")
+            model.generate(input_ids=tokens, attention_mask=torch.ones_like(tokens),
+                           max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                           use_cache=True, pad_token_id=config.eos_token_id)
+            torch.cuda.synchronize()
+            checkpoint(f"prompt {prompt}")
+
+
+WORKLOADS = {"llama_train_bf16": llama_train, "gpt2_generate": gpt2_generate}
+
+
+def child(workload, label, out_dir):
+    """Runs in a fresh process, with PYTORCH_CUDA_ALLOC_CONF already set."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(enabled="all", context=None,
+                                             max_entries=20_000_000)
+    checkpoints = []
+
+    def checkpoint(name):
+        checkpoints.append([name, torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
+
+    start = time.time()
+    WORKLOADS[workload](torch, checkpoint)
+    wall = time.time() - start
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = [e for e in snapshot["device_traces"][0] if e["action"] in ACTIONS]
+    base = os.path.join(out_dir, f"{workload}.{label}")
+    with gzip.open(base + ".trace.csv.gz", "wt", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time_us", "action", "addr", "size", "stream"])
+        for e in events:
+            w.writerow([e["time_us"], e["action"], e["addr"], e["size"], e["stream"]])
+    props = torch.cuda.get_device_properties(0)
+    stats = {
+        "workload": workload,
+        "label": label,
+        "conf": LABELS[label],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": props.name,
+        "total_memory": props.total_memory,
+        "wall_s": wall,
+        "events": len(events),
+        "checkpoints": checkpoints,
+        "oom": None,
+        "allocator_settings": snapshot.get("allocator_settings", {}),
+        "memory_stats": dict(torch.cuda.memory_stats()),
+    }
+    with gzip.open(base + ".stats.json.gz", "wt") as fh:
+        json.dump(stats, fh, indent=1)
+    peak = stats["memory_stats"]["reserved_bytes.all.peak"] / 2**20
+    print(f"{workload}.{label}: {len(events)} events, {wall:.1f} s, peak reserved {peak:.0f} MiB")
+
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--child":
+        child(*sys.argv[2:5])
+        return 0
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir, names = sys.argv[1], sys.argv[2:] or list(WORKLOADS)
+    os.makedirs(out_dir, exist_ok=True)
+    status = 0
+    for name in names:
+        for label, conf in LABELS.items():
+            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+            code = subprocess.call([sys.executable, __file__, "--child", name, label, out_dir],
+                                   env=env)
+            if code != 0:
+                print(f"FAILED: {name}.{label} (exit {code})")
+                status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
