@@ -327,38 +327,26 @@ impl Merged {
     }
 
     /// Merges the runs, applying each change stamped before `horizon` in time
-    /// order (a run's own changes in the order made); what is left of each
-    /// run waits.
+    /// order (a run's own changes in the order made); the rest wait, as one
+    /// run.
     fn apply_due(&mut self, horizon: u64) {
-        let mut runs = std::mem::take(&mut self.waiting);
-        let mut at = vec![0; runs.len()];
-        // Take from the run with the earliest next change for as long as its
-        // changes come no later than every other run's next one.
-        while let Some((first, until)) = earliest(&runs, &at) {
-            let until = until.min(horizon.saturating_sub(1));
-            let start = at[first];
-            // Runs interleave finely (threads take turns), so a linear walk.
-            let mut end = start;
-            for &(stamp, change) in &runs[first][start..] {
-                if stamp > until {
-                    break;
-                }
-                self.late += u64::from(stamp < self.horizon);
-                self.figures.apply(change);
-                end += 1;
-            }
-            if end == start {
-                break; // the earliest change is past the horizon
-            }
-            at[first] = end;
+        let mut all = self.spare.pop().unwrap_or_default();
+        for mut run in self.waiting.drain(..) {
+            all.append(&mut run);
+            self.spare.push(run);
         }
-        for (mut run, done) in runs.drain(..).zip(at) {
-            run.drain(..done);
-            if run.is_empty() {
-                self.spare.push(run);
-            } else {
-                self.waiting.push(run);
-            }
+        // A stable sort, which finds the runs and merges them.
+        all.sort_by_key(|&(stamp, _)| stamp);
+        let due = all.partition_point(|&(stamp, _)| stamp < horizon);
+        for &(stamp, change) in &all[..due] {
+            self.late += u64::from(stamp < self.horizon);
+            self.figures.apply(change);
+        }
+        all.drain(..due);
+        if all.is_empty() {
+            self.spare.push(all);
+        } else {
+            self.waiting.push(all);
         }
     }
 
@@ -366,28 +354,6 @@ impl Merged {
     pub(crate) fn figures(&mut self) -> &mut Figures {
         &mut self.figures
     }
-}
-
-/// The run whose next change is the earliest, and the stamp of the next
-/// change of every other run (`u64::MAX` when none).
-fn earliest(runs: &[Vec<(u64, Change)>], at: &[usize]) -> Option<(usize, u64)> {
-    let mut best: Option<(u64, usize)> = None;
-    let mut second = u64::MAX;
-    for (i, run) in runs.iter().enumerate() {
-        let Some(&(stamp, _)) = run.get(at[i]) else {
-            continue;
-        };
-        match best {
-            Some((b, _)) if stamp >= b => second = second.min(stamp),
-            _ => {
-                if let Some((b, _)) = best {
-                    second = second.min(b);
-                }
-                best = Some((stamp, i));
-            }
-        }
-    }
-    best.map(|(_, i)| (i, second))
 }
 
 /// With every stream locked, its journal drained and everything settled:
