@@ -22,6 +22,8 @@
 //! * **policy**: the rules that pick block and segment sizes, split, merge and
 //!   release: `pytorch` or `cachalot`.
 //! * **backend**: what provides segments, pages, streams and events: `sim` or `cuda`.
+//! * **adaptor**: a backend over another that adds one concern: counting calls,
+//!   injecting faults, capping memory, recorded addresses.
 //! * **slot**: a replay plan's number for one recorded allocation:
 //!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
 //!   a plan names allocations without their recorded addresses.
@@ -59,6 +61,10 @@
 //!   1000 allocations (its layout never repeats). Its budget then rises by
 //!   `cachalot_churn_slack` and its large pool keeps freed blocks, until that
 //!   pool gives its range back on `empty_cache`.
+//! * **journal**: with several streams on a device, a stream's changes to its
+//!   statistics since the last **merge**, stamped by the machine's clock; a
+//!   merge replays every journal in time order into the device's statistics,
+//!   so its peaks are those of the device, not the sum of the streams'.
 //!
 //! ## Layers (dependencies point downward only)
 //!
