@@ -46,9 +46,18 @@ pub trait Hooks {
 }
 
 /// Implements [`Backend`](super::Backend) for an adaptor `$name<B>` with a field
-/// `inner: Arc<B>` and an implementation of [`Hooks`].
+/// `inner: Arc<B>` and an implementation of [`Hooks`]. An adaptor that makes
+/// and frees segments itself (handing out other addresses) names its own
+/// methods for them: `adaptor!(Name, segments: alloc_method, free_method)`;
+/// every other call still forwards to `inner`.
 macro_rules! adaptor {
     ($name:ident) => {
+        $crate::backend::adaptor::adaptor!(@impl $name, inner.allocate_segment, inner.free_segment);
+    };
+    ($name:ident, segments: $alloc:ident, $free:ident) => {
+        $crate::backend::adaptor::adaptor!(@impl $name, $alloc, $free);
+    };
+    (@impl $name:ident, $($alloc:ident).+, $($free:ident).+) => {
         impl<B: $crate::backend::Backend + ?Sized> $crate::backend::Backend for $name<B> {
             fn capabilities(&self) -> &$crate::backend::Capabilities {
                 self.inner.capabilities()
@@ -72,7 +81,7 @@ macro_rules! adaptor {
                     $crate::backend::CallKind::SegmentAlloc,
                     size,
                 )?;
-                let ptr = self.inner.allocate_segment(size)?;
+                let ptr = self.$($alloc).+(size)?;
                 $crate::backend::adaptor::Hooks::after(
                     self,
                     $crate::backend::adaptor::Change::Took {
@@ -93,7 +102,7 @@ macro_rules! adaptor {
                     $crate::backend::CallKind::SegmentFree,
                     0,
                 )?;
-                self.inner.free_segment(ptr)?;
+                self.$($free).+(ptr)?;
                 $crate::backend::adaptor::Hooks::after(
                     self,
                     $crate::backend::adaptor::Change::Gave {

@@ -11,9 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{
-    Backend, BackendResult, Capabilities, DevicePtr, EventId, MemInfo, PageHandle, StreamId,
-};
+use super::adaptor::{adaptor, Hooks};
+use super::{Backend, BackendResult, DevicePtr};
 
 /// Alignment of the region above the recorded addresses used once a replay departs
 /// from the recording.
@@ -74,16 +73,9 @@ fn overlaps(live: &BTreeMap<DevicePtr, (DevicePtr, u64)>, addr: DevicePtr, size:
     before.is_some_and(|(a, (_, s))| a.saturating_add(*s) > addr)
 }
 
-impl<B: Backend + ?Sized> Backend for RecordedAddresses<B> {
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn mem_info(&self) -> BackendResult<MemInfo> {
-        self.inner.mem_info()
-    }
-
-    fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+impl<B: Backend + ?Sized> RecordedAddresses<B> {
+    /// Makes a segment below and hands out the recorded address for it.
+    fn allocate_recorded(&self, size: u64) -> BackendResult<DevicePtr> {
         let inner = self.inner.allocate_segment(size)?;
         let mut st = self.lock();
         let recorded = self.recorded.get(st.cursor).copied();
@@ -96,7 +88,8 @@ impl<B: Backend + ?Sized> Backend for RecordedAddresses<B> {
         Ok(addr)
     }
 
-    fn free_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+    /// Frees the segment below the address handed out.
+    fn free_recorded(&self, ptr: DevicePtr) -> BackendResult<()> {
         let found = self.lock().live.get(&ptr).copied();
         match found {
             Some((inner, _)) => {
@@ -107,59 +100,11 @@ impl<B: Backend + ?Sized> Backend for RecordedAddresses<B> {
             None => self.inner.free_segment(ptr),
         }
     }
-
-    fn reserve_range(&self, size: u64) -> BackendResult<DevicePtr> {
-        self.inner.reserve_range(size)
-    }
-
-    fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
-        self.inner.release_range(base, size)
-    }
-
-    fn create_page(&self, size: u64) -> BackendResult<PageHandle> {
-        self.inner.create_page(size)
-    }
-
-    fn release_page(&self, page: PageHandle) -> BackendResult<()> {
-        self.inner.release_page(page)
-    }
-
-    fn map(&self, addr: DevicePtr, page: PageHandle) -> BackendResult<()> {
-        self.inner.map(addr, page)
-    }
-
-    fn unmap(&self, addr: DevicePtr, size: u64) -> BackendResult<()> {
-        self.inner.unmap(addr, size)
-    }
-
-    fn create_event(&self) -> BackendResult<EventId> {
-        self.inner.create_event()
-    }
-
-    fn destroy_event(&self, event: EventId) -> BackendResult<()> {
-        self.inner.destroy_event(event)
-    }
-
-    fn record_event(&self, event: EventId, stream: StreamId) -> BackendResult<()> {
-        self.inner.record_event(event, stream)
-    }
-
-    fn query_event(&self, event: EventId) -> BackendResult<bool> {
-        self.inner.query_event(event)
-    }
-
-    fn synchronize_event(&self, event: EventId) -> BackendResult<()> {
-        self.inner.synchronize_event(event)
-    }
-
-    fn synchronize_stream(&self, stream: StreamId) -> BackendResult<()> {
-        self.inner.synchronize_stream(stream)
-    }
-
-    fn synchronize_device(&self) -> BackendResult<()> {
-        self.inner.synchronize_device()
-    }
 }
+
+impl<B: ?Sized> Hooks for RecordedAddresses<B> {}
+
+adaptor!(RecordedAddresses, segments: allocate_recorded, free_recorded);
 
 #[cfg(test)]
 mod tests {
