@@ -5,18 +5,27 @@
 # `python -m cachalot_torch` (which compiles the C++ allocator), runs the
 # plug-in suite once per policy, then (unless --quick) the model benchmark and
 # the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--dist]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows, in the environment --prepare made
 #   --run-quick  the same, without the benchmark and the proof (as --quick)
+#   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
+#                GPU, DIST_ARGS passed on), in the environment --prepare made
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--dist]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
 status=0
 venv=/tmp/cachalot-venv
 cd /tmp  # import the installed package, not a checkout's
+
+if [ "$mode" = --dist ]; then
+  gpus=$("$venv/bin/python" -c 'import torch; print(torch.cuda.device_count())')
+  # shellcheck disable=SC2086  # DIST_ARGS is a list of options
+  exec "$venv/bin/python" "$dir/scripts/torch_dist.py" --nproc "${DIST_NPROC:-$gpus}" \
+    --json "$out/dist.json" --markdown "$out/dist.md" ${DIST_ARGS:-}
+fi
 
 if [ "$mode" != --run ] && [ "$mode" != --run-quick ]; then
   rm -rf "$venv"

@@ -9,9 +9,11 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay bench torch; the tables always): the whole script takes longer than
+# replay bench torch dist; the tables always): the whole script takes longer than
 # one 10-minute device call, so a session runs it in two, e.g.
-# ONLY="record bench" and ONLY="tests sanitizer checks replay torch".
+# ONLY="record bench" and ONLY="tests sanitizer checks replay torch"; the
+# multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
+# more (DIST_NPROC=1 runs it with one rank) and a call of its own.
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
 bin=${1:-gpu-bin/cuda}
@@ -41,7 +43,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if want torch && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -151,9 +153,27 @@ fi
 
 fi
 
+if want dist; then
+section "6b. multi-GPU training: DDP (GPT-2, resnet50) and FSDP2 (Llama), one rank per GPU, each allocator"
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+if [ -z "$prepare_pid" ]; then
+  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+elif [ "$gpus" -lt 2 ] && [ -z "${DIST_NPROC:-}" ]; then
+  echo "skipped: $gpus GPU here; the multi-GPU training needs two or more (DIST_NPROC=1 runs it with one rank)"
+else
+  want torch || cat /tmp/cachalot-prepare.log
+  if [ "$prepared" -ne 0 ]; then
+    status=1; echo "FAILED: the drop-in's environment"
+  else
+    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --dist || status=1
+  fi
+fi
+fi
+
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
+[ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
 section "done"

@@ -1,0 +1,90 @@
+"""scripts/torch_dist.py's comparison, on made-up rank results (no GPU, no torch):
+a target missed must show as missed."""
+
+import copy
+import importlib.util
+import pathlib
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "torch_dist.py"
+
+
+@pytest.fixture(scope="module")
+def dist():
+    if not SCRIPT.exists():
+        pytest.skip("not in a cachalot checkout (scripts/torch_dist.py)")
+    spec = importlib.util.spec_from_file_location("torch_dist", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rank(step_ms=10.0, reserved=1000, stats_value=7, digest="aa"):
+    return {
+        "losses": [2.5, 2.25],
+        "step_ms_median": step_ms,
+        "first_step_ms": 5 * step_ms,
+        "step_stats": [{"reserved_bytes.all.current": stats_value}, {"reserved_bytes.all.current": stats_value}],
+        "peak_reserved": reserved,
+        "peak_allocated": reserved // 2,
+        "device_peak_delta": reserved,
+        "segment_streams": 2,
+        "params_local": digest,
+        "params_whole": digest,
+        "ranks_agree": True,
+    }
+
+
+def _launch(**kw):
+    return {r: {"workloads": {"w": _rank(**kw)}} for r in (0, 1)}
+
+
+def _rounds(overrides):
+    configs = {
+        "native": _launch(reserved=1000),
+        "expandable": _launch(reserved=900),
+        "cl-pytorch": _launch(reserved=1000),
+        "cl-cachalot": _launch(reserved=800),
+    }
+    configs.update(overrides)
+    return [copy.deepcopy(configs), copy.deepcopy(configs)]
+
+
+def _verdicts(dist, rounds):
+    rows = dist._compare(rounds, list(dist.CONFIGS), ["w"])
+    return rows, dist._verdicts(rows)
+
+
+def test_every_target_met(dist):
+    rows, verdicts = _verdicts(dist, _rounds({}))
+    assert all(not v for v in verdicts.values()), verdicts
+    text = dist._markdown({"date": "d", "gpu": "g", "gpu_memory": 1 << 30, "nproc": 2, "driver": "x",
+                           "torch": "t", "cuda": "c", "python": "p"}, rows, verdicts, "cmd")
+    assert text.count("| met |") == 3
+
+
+@pytest.mark.parametrize(
+    "config, change, missed",
+    [
+        ("cl-pytorch", {"stats_value": 8}, "memory_stats differ"),
+        ("cl-cachalot", {"reserved": 950}, "not below expandable"),
+        ("cl-cachalot", {"step_ms": 10.5}, "step time"),
+        ("cl-pytorch", {"digest": "bb"}, "parameters differ"),
+    ],
+)
+def test_a_missed_target_shows(dist, config, change, missed):
+    base = {"reserved": 1000 if config == "cl-pytorch" else 800}
+    _, verdicts = _verdicts(dist, _rounds({config: _launch(**{**base, **change})}))
+    assert any(missed in m for m in verdicts[("w", config)]), verdicts
+
+
+def test_a_different_loss_or_a_failed_launch_shows(dist):
+    rounds = _rounds({})
+    rounds[1]["cl-cachalot"][1]["workloads"]["w"]["losses"][1] = 2.0
+    _, verdicts = _verdicts(dist, rounds)
+    assert "losses differ from native" in verdicts[("w", "cl-cachalot")]
+    rounds[0]["expandable"] = {"_error": "exit 1: NCCL error"}
+    rows, verdicts = _verdicts(dist, rounds)
+    assert any(r.get("error", "").startswith("exit 1") for r in rows if r["config"] == "expandable")
+    assert any("no expandable_segments run" in m for m in verdicts[("w", "cl-cachalot")])
