@@ -189,6 +189,43 @@ def _streams(torch):
         return None
 
 
+TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap"}
+
+
+def _write_trace(torch, base, config, wall):
+    """Rank 0's allocator trace since the process began, in DESIGN.md's trace CSV
+    (as scripts/gpu/record_traces.py writes it), and the run's facts."""
+    import csv
+    import gzip
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = [e for e in snapshot["device_traces"][torch.cuda.current_device()] if e["action"] in TRACE_ACTIONS]
+    with gzip.open(base + ".trace.csv.gz", "wt", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time_us", "action", "addr", "size", "stream"])
+        for e in events:
+            w.writerow([e["time_us"], e["action"], e["addr"], e["size"], e["stream"]])
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    stats = {
+        "workload": os.path.basename(base).split(".")[0],
+        "label": config,
+        "conf": CONFIGS[config].get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": props.name,
+        "total_memory": props.total_memory,
+        "wall_s": wall,
+        "events": len(events),
+        "checkpoints": [],
+        "oom": None,
+        "allocator_settings": snapshot.get("allocator_settings", {}),
+        "memory_stats": dict(torch.cuda.memory_stats()),
+    }
+    with gzip.open(base + ".stats.json.gz", "wt") as fh:
+        json.dump(stats, fh, indent=1)
+
+
 def _reset(torch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -247,6 +284,10 @@ def rank_main(args):
         cachalot = cachalot_torch
     device = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(device)
+    tracing = args.trace and os.environ.get("RANK", "0") == "0"
+    if tracing:  # from the first allocation on, so that the trace replays
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=20_000_000)
+    launched = time.perf_counter()
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -263,6 +304,11 @@ def rank_main(args):
     if cachalot is not None:
         cachalot.validate()
         results["cachalot_config"] = cachalot.config()
+    if tracing:
+        os.makedirs(args.trace, exist_ok=True)
+        name = args.workloads.replace("-", "_").replace(",", "+")
+        _write_trace(torch, os.path.join(args.trace, f"{name}_{results['world']}ranks.{args.config}"),
+                     args.config, time.perf_counter() - launched)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
@@ -275,7 +321,7 @@ def rank_main(args):
 
 
 def _passthrough(args):
-    out = []
+    out = ["--trace", os.path.abspath(args.trace)] if args.trace else []
     for key in ("workloads", "steps", "warmup", "gpt2_batch", "gpt2_seq", "gpt2_layers", "resnet_batch",
                 "llama_batch", "llama_seq", "llama_layers", "llama_hidden"):
         out += ["--" + key.replace("_", "-"), str(getattr(args, key))]
@@ -324,6 +370,12 @@ def _equal_steps(native, other):
     return [equal, len(native), first]
 
 
+def _per_step(step_stats, key):
+    """How much `key` grew per step over the timed steps (the last half)."""
+    half = len(step_stats) // 2
+    return (step_stats[-1].get(key, 0) - step_stats[half - 1].get(key, 0)) / max(len(step_stats) - half, 1)
+
+
 def _row(workload, config, runs, natives):
     """`runs[round][rank]` of one workload and allocator against native's."""
     ranks = sorted(runs[0])
@@ -342,6 +394,8 @@ def _row(workload, config, runs, natives):
         "device_peak_delta": per("device_peak_delta"),
         "segment_streams": per("segment_streams", lambda xs: max((x or 0) for x in xs)),
         "ranks_agree": all(run[r]["ranks_agree"] for run in runs for r in ranks),
+        # Driver calls in steady state: device allocations per timed step, per rank.
+        "device_allocs_per_step": per("step_stats", lambda xs: max(_per_step(x, "num_device_alloc") for x in xs)),
     }
     if natives:
         n_step = [max(n[r]["step_ms_median"] for r in ranks) for n in natives]
@@ -445,13 +499,13 @@ def _markdown(env, rows, verdicts, command):
         f"Command: `{command}`",
         "",
         "| workload | allocator | step ms | vs native (each round) | first step ms (native) "
-        "| peak reserved MiB, per rank | stats = native's (steps) | loss diff | params: ranks agree, = native "
-        "| streams with segments | targets |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak reserved MiB, per rank | device allocs per step | stats = native's (steps) | loss diff "
+        "| params: ranks agree, = native | streams with segments | targets |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | {r['config']} | error: {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['config']} | error: {r['error']} | | | | | | | | | |")
             continue
         rounds = " ".join(f"{x:+.1f}%" for x in r.get("step_vs_native_rounds_pct", []))
         equal = r.get("stats_steps_equal")
@@ -459,6 +513,7 @@ def _markdown(env, rows, verdicts, command):
         lines.append(
             f"| {r['workload']} | {r['config']} | {r['step_ms_median']:.2f} | {r.get('step_vs_native_pct', 0.0):+.2f}% ({rounds}) "
             f"| {r['first_step_ms']:.0f} ({r.get('first_step_native_ms', r['first_step_ms']):.0f}) | {_mib(r['peak_reserved'])} "
+            f"| {' / '.join(f'{x:g}' for x in r['device_allocs_per_step'])} "
             f"| {f'{equal[0]}/{equal[1]}' if equal else '-'} | {r.get('max_abs_loss_diff', 0.0):.3g} "
             f"| {'yes' if r['ranks_agree'] else 'NO'}, {'yes' if r.get('params_equal_native', True) else 'NO'} "
             f"| {' / '.join(str(s) for s in r['segment_streams'])} "
@@ -477,6 +532,18 @@ def _pin_cpus(count):
         os.sched_setaffinity(0, cores[:count])
 
 
+def _without_step_stats(rounds):
+    """The rounds' results for the JSON, less every step's memory_stats."""
+
+    def rank(res):
+        return {**res, "workloads": {w: {k: v for k, v in x.items() if k != "step_stats"} for w, x in res["workloads"].items()}}
+
+    return [
+        {c: launch if "_error" in launch else {r: rank(res) for r, res in launch.items()} for c, launch in rnd.items()}
+        for rnd in rounds
+    ]
+
+
 def _report(args, env, rounds, configs, workloads):
     """The table from the rounds so far (written after every round, so that a
     run cut short still leaves what it measured); returns it and the verdicts."""
@@ -488,7 +555,7 @@ def _report(args, env, rounds, configs, workloads):
         text += f"\n(after {len(rounds)} of {args.rounds} rounds)\n"
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "rows": rows}, f)
+            json.dump({"env": env, "rows": rows, "rounds": _without_step_stats(rounds)}, f)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text)
@@ -536,6 +603,8 @@ def main():
     p.add_argument("--llama-seq", type=int, default=2048)
     p.add_argument("--llama-layers", type=int, default=16)
     p.add_argument("--llama-hidden", type=int, default=2048)
+    p.add_argument("--trace", help="rank 0 records its allocator trace (the whole launch: name one workload) "
+                   "into this folder, as record_traces.py does; recording slows the step")
     p.add_argument("--json", help="write every number here")
     p.add_argument("--markdown", help="write the table here")
     args = p.parse_args()
