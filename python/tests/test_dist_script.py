@@ -88,3 +88,26 @@ def test_a_different_loss_or_a_failed_launch_shows(dist):
     rows, verdicts = _verdicts(dist, rounds)
     assert any(r.get("error", "").startswith("exit 1") for r in rows if r["config"] == "expandable")
     assert any("no expandable_segments run" in m for m in verdicts[("w", "cl-cachalot")])
+
+
+def test_statistics_are_held_to_native_only_where_native_reproduces(dist):
+    rounds = _rounds({})
+    key = "reserved_bytes.all.current"
+    for r in (0, 1):  # PyTorch differs from itself after the first step
+        rounds[1]["native"][r]["workloads"]["w"]["step_stats"][0][key] = 9
+        rounds[0]["cl-pytorch"][r]["workloads"]["w"]["step_stats"][0][key] = 5
+    rows, verdicts = _verdicts(dist, rounds)
+    row = next(r for r in rows if r["config"] == "cl-pytorch")
+    assert row["stats_reproducible_equal"] == [2, 2]
+    assert verdicts[("w", "cl-pytorch")] == []
+    rounds[1]["cl-pytorch"][0]["workloads"]["w"]["step_stats"][1][key] = 5
+    _, verdicts = _verdicts(dist, rounds)
+    assert any("memory_stats differ" in m for m in verdicts[("w", "cl-pytorch")])
+
+
+def test_an_allocator_with_settings(dist):
+    env = dist._config_env("cl-cachalot+cachalot_reuse_slack:0.25")
+    assert env == {"CACHALOT_ALLOC_CONF": "policy:cachalot,cachalot_reuse_slack:0.25"}
+    for bad in ("native+cachalot_reuse_slack:0.25", "cl-pytorch+x:1", "jemalloc"):
+        with pytest.raises(SystemExit):
+            dist._config_env(bad)
