@@ -21,7 +21,13 @@ pub struct Op {
 }
 
 /// The bundled training and inference traces.
-pub const TRACES: [&str; 4] = ["resnet50", "vit_train_bf16", "gpt2_train", "bert_dynamic"];
+pub const TRACES: [&str; 5] = [
+    "resnet50",
+    "vit_train_bf16",
+    "gpt2_train",
+    "bert_dynamic",
+    "llama_train_bf16",
+];
 
 /// `data/traces` of the repository.
 pub fn traces_dir() -> PathBuf {
