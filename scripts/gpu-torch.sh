@@ -5,14 +5,16 @@
 # `python -m cachalot_torch` (which compiles the C++ allocator), runs the
 # plug-in suite once per policy, then (unless --quick) the model benchmark and
 # the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--dist]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--diff|--dist]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows, in the environment --prepare made
 #   --run-quick  the same, without the benchmark and the proof (as --quick)
+#   --diff       only the differential checker (scripts/diffcheck.py: DIFF_PROGRAMS
+#                programs per configuration, default 5000), in that environment
 #   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
 #                GPU, DIST_ARGS passed on), in the environment --prepare made
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--dist]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--diff|--dist]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
@@ -20,6 +22,15 @@ status=0
 venv=/tmp/cachalot-venv
 cd /tmp  # import the installed package, not a checkout's
 
+diffcheck() {
+  echo "--- differential checker: random programs on PyTorch's allocator and on the pytorch policy"
+  "$venv/bin/python" "$dir/scripts/diffcheck.py" --programs "${DIFF_PROGRAMS:-5000}" \
+    --json "$out/diffcheck.json" --markdown "$out/diffcheck.md"
+}
+if [ "$mode" = --diff ]; then
+  diffcheck
+  exit $?
+fi
 if [ "$mode" = --dist ]; then
   gpus=$("$venv/bin/python" -c 'import torch; print(torch.cuda.device_count())')
   # shellcheck disable=SC2086  # DIST_ARGS is a list of options
@@ -47,6 +58,7 @@ for policy in pytorch cachalot; do
     || { status=1; echo "FAILED: plug-in suite ($policy)"; }
 done
 if [ "$mode" != --quick ] && [ "$mode" != --run-quick ]; then
+  diffcheck || status=1
   "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
   echo "--- cachalot tune, proven: each model's snapshot tuned, the model run again with the setting"

@@ -173,6 +173,7 @@ fi
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
+[ -f "$out/diffcheck.md" ] && { cat "$out/diffcheck.md"; echo; }
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
