@@ -7,10 +7,10 @@ A program is a seeded list of operations on three streams (the default and two
 side streams): allocate (sizes drawn around the allocator's boundaries: the
 512-byte rounding, the 1 MiB small-block limit, the 2 and 20 MiB segment
 sizes, up to 300 MiB), free, record_stream onto another stream, empty_cache,
-and reset_peak_memory_stats. After each operation the process synchronizes
-the device (so that the events of record_stream have completed before the next
-allocation: both allocators then see the same thing) and hashes every
-memory_stats() key and value.
+and reset_peak_memory_stats. After each free of a tensor used on another
+stream the process synchronizes the device (so that the event of the free has
+completed before the allocator next looks: both allocators then see the same
+thing), and after every operation it hashes every memory_stats() figure.
 
 For each configuration (PYTORCH_CUDA_ALLOC_CONF syntax), two processes run the
 same programs at the same time, one under PyTorch's allocator and one under
@@ -93,25 +93,40 @@ def _digest(stats):
     return hashlib.blake2b(json.dumps(stats, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
+def _stats_reader(torch, full):
+    """memory_stats() flattened (to name keys), or the nested form PyTorch
+    flattens it from (the same figures, cheaper to read for a hash)."""
+    if full:
+        return torch.cuda.memory_stats
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is None:
+        return lambda: _digest(torch.cuda.memory_stats())
+    return lambda: _digest(raw(torch.cuda.current_device()))
+
+
 def run_program(torch, streams, ops, full):
     """Runs one program; returns each operation's statistics hash (or, with
-    `full`, the statistics themselves)."""
-    live, trail = [], []
+    `full`, the statistics themselves). The device is synchronized after each
+    free of a tensor used on another stream, so that its event has completed before the allocator next looks."""
+    live, recorded, trail = [], [], []
+    read = _stats_reader(torch, full)
     for op in ops:
         if op[0] == "alloc":
             with torch.cuda.stream(streams[op[2]]):
                 live.append(torch.empty(op[1], dtype=torch.uint8, device="cuda"))
+            recorded.append(False)
         elif op[0] == "free":
             del live[op[1]]
+            if recorded.pop(op[1]):
+                torch.cuda.synchronize()
         elif op[0] == "record":
             live[op[1]].record_stream(streams[op[2]])
+            recorded[op[1]] = True
         elif op[0] == "empty_cache":
             torch.cuda.empty_cache()
         else:
             torch.cuda.reset_peak_memory_stats()
-        torch.cuda.synchronize()
-        stats = torch.cuda.memory_stats()
-        trail.append(stats if full else _digest(stats))
+        trail.append(read())
     live.clear()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

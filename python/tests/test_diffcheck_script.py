@@ -54,3 +54,68 @@ def test_each_allocator_gets_its_configuration(dc):
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env
     assert dc._env("native", "expandable_segments:True")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in dc._env("native", "")
+
+
+class _FakeTorch:
+    """Just what run_program calls, counting what the checker relies on."""
+
+    def __init__(self):
+        self.syncs, self.reads, self.allocs = 0, 0, []
+        fake = self
+
+        class _Tensor:
+            def record_stream(self, stream):
+                pass
+
+        class _Stream:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class _Cuda:
+            def stream(self, s):
+                return _Stream()
+
+            def synchronize(self):
+                fake.syncs += 1
+
+            def current_device(self):
+                return 0
+
+            def empty_cache(self):
+                pass
+
+            def reset_peak_memory_stats(self):
+                pass
+
+            def reset_accumulated_memory_stats(self):
+                pass
+
+            def memory_stats(self):
+                fake.reads += 1
+                return {"allocation.all.current": len(fake.allocs)}
+
+        class _C:
+            @staticmethod
+            def _cuda_memoryStats(device):
+                fake.reads += 1
+                return {"allocation": {"all": {"current": len(fake.allocs)}}}
+
+        self.cuda, self._C, self.uint8 = _Cuda(), _C, "uint8"
+        self._tensor = _Tensor
+
+    def empty(self, size, dtype, device):
+        self.allocs.append(size)
+        return self._tensor()
+
+
+def test_a_program_syncs_only_after_freeing_a_tensor_used_on_another_stream(dc):
+    torch = _FakeTorch()
+    ops = [("alloc", 10, 0), ("alloc", 20, 1), ("record", 0, 2), ("free", 1), ("free", 0), ("empty_cache",)]
+    trail = dc.run_program(torch, [None] * dc.STREAMS, ops, False)
+    assert len(trail) == len(ops) and torch.reads == len(ops)
+    assert torch.syncs == 1 + 1  # the recorded tensor's free, then the program's end
+    full = dc.run_program(_FakeTorch(), [None] * dc.STREAMS, ops, True)
+    assert full[0] == {"allocation.all.current": 1}
