@@ -107,7 +107,8 @@ def _stats_reader(torch, full):
 def run_program(torch, streams, ops, full):
     """Runs one program; returns each operation's statistics hash (or, with
     `full`, the statistics themselves). The device is synchronized after each
-    free of a tensor used on another stream, so that its event has completed before the allocator next looks."""
+    free of a tensor used on another stream, so that its event has completed
+    before the allocator next looks."""
     live, recorded, trail = [], [], []
     read = _stats_reader(torch, full)
     for op in ops:
