@@ -145,11 +145,6 @@ def worker(args):
         cachalot_torch.use()
     torch.cuda.init()
     streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(STREAMS - 1)]
-    # One allocation first: cachalot opens a device at its first allocation,
-    # PyTorch at torch.cuda.init(), and an empty_cache before that counts a
-    # sync of all streams only in PyTorch (docs/benchmarks.md, differential
-    # checker). Every program then starts from the same state in both.
-    run_program(torch, streams, [("alloc", 1, 0), ("free", 0)], False)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else range(args.first, args.first + args.programs)
     for seed in seeds:
         trail = run_program(torch, streams, program(seed, args.ops), args.full)

@@ -11,7 +11,7 @@
 //! in [`crate::ffi`], so the `cachalot` library keeps no singletons.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cachalot::history::{History, HistoryConfig};
@@ -101,6 +101,12 @@ pub struct Registry {
     open_count: AtomicUsize,
     /// History recording, applied to devices created later too.
     recording: Mutex<Recording>,
+    /// `empty_cache` calls each device has missed by not being open yet.
+    /// PyTorch builds every device's allocator at `torch.cuda.init()` and each
+    /// call counts a sync of all streams (`num_sync_all_streams`) on each; a
+    /// device opened later makes up for them (opening every device at once
+    /// would make a CUDA context on every GPU).
+    missed_empty_caches: Box<[AtomicU64]>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -125,6 +131,7 @@ impl Registry {
             creating: Mutex::new(()),
             open_count: AtomicUsize::new(0),
             recording: Mutex::new(Recording::default()),
+            missed_empty_caches: (0..MAX_DEVICES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -176,6 +183,12 @@ impl Registry {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         let opened = (self.factory)(index, &self.config).map_err(PluginError::allocator(index))?;
+        for _ in 0..self.missed_empty_caches[index].swap(0, Ordering::AcqRel) {
+            opened
+                .allocator
+                .empty_cache()
+                .map_err(PluginError::allocator(index))?;
+        }
         self.recording
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -291,14 +304,22 @@ impl Registry {
         Err(PluginError::UnknownPointer(ptr))
     }
 
-    /// Returns every device's cached, unused memory to the driver.
+    /// Returns every device's cached, unused memory to the driver; a device
+    /// not open yet counts the call, as PyTorch's does, when it opens.
     ///
     /// # Errors
     /// The first device failure; the other devices are still emptied.
     pub fn empty_cache(&self) -> PluginResult<()> {
+        // Same lock order as `open`: no device can open between the count of
+        // a missed call and the calls it makes up for.
+        let _creating = self.creating.lock().unwrap_or_else(PoisonError::into_inner);
         let mut first = Ok(());
-        for (device, allocator) in self.devices() {
-            if let Err(e) = allocator.empty_cache() {
+        for (device, slot) in self.slots.iter().enumerate() {
+            let Some(slot) = slot.get() else {
+                self.missed_empty_caches[device].fetch_add(1, Ordering::AcqRel);
+                continue;
+            };
+            if let Err(e) = slot.allocator.empty_cache() {
                 first = first.and(Err(PluginError::Allocator { device, source: e }));
             }
         }
@@ -489,6 +510,26 @@ mod tests {
         assert!(registry.malloc(8, 1, StreamId::DEFAULT).is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert_eq!(registry.devices().count(), 0);
+    }
+
+    #[test]
+    fn an_empty_cache_before_a_device_opens_counts_there_as_in_pytorch() {
+        let (registry, opened, _) = sim_registry("");
+        let syncs = |device: i64| {
+            let stats: serde_json::Value =
+                serde_json::from_str(&registry.stats_json(device).unwrap()).unwrap();
+            stats["num_sync_all_streams"].as_i64().unwrap()
+        };
+        registry.empty_cache().unwrap();
+        registry.empty_cache().unwrap();
+        assert_eq!(opened.load(Ordering::SeqCst), 0, "counting opens nothing");
+        assert_eq!(syncs(0), 2);
+        registry.empty_cache().unwrap();
+        assert_eq!(syncs(0), 3, "an open device counts its own");
+        assert_eq!(syncs(1), 3, "device 1 opens with the three it missed");
+        registry.device(1).unwrap().reset_accumulated_stats();
+        assert_eq!(syncs(1), 0);
+        registry.device(0).unwrap().validate().unwrap();
     }
 
     #[test]
