@@ -92,13 +92,20 @@ def _eager(cls, config):
         return cls(config)
 
 
-def _resnet50(torch, args):
+def _same(model):
+    return model
+
+
+def _resnet50(torch, args, seed=1, wrap=_same):
+    """resnet50 training with SGD on two random batches; `wrap` (DDP in
+    torch_dist.py) takes the model before its optimizer is made."""
     import torchvision
 
     with torch.device("cuda"):  # initialised on the GPU: seconds less per process
         model = torchvision.models.resnet50(weights=None)
+    model = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    g = torch.Generator(device="cpu").manual_seed(1)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     batches = [
         (
             torch.randn(args.resnet_batch, 3, 224, 224, generator=g).cuda(),
@@ -119,16 +126,14 @@ def _resnet50(torch, args):
     return model, step
 
 
-def _gpt2(torch, args):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _tokens(torch, vocab, batch, seq, seed):
+    """Two batches of random tokens, on the GPU."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.randint(0, vocab, (batch, seq), generator=g).cuda() for _ in range(2)]
 
-    config = GPT2Config(n_layer=args.gpt2_layers, n_positions=args.gpt2_seq)
-    with torch.device("cuda"):
-        model = _eager(GPT2LMHeadModel, config)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator(device="cpu").manual_seed(2)
-    tokens = [torch.randint(0, config.vocab_size, (args.gpt2_batch, args.gpt2_seq), generator=g).cuda() for _ in range(2)]
+
+def _lm_step(model, opt, tokens):
+    """A language model's training step `i`, on `tokens[i % len(tokens)]`."""
 
     def step(i):
         ids = tokens[i % len(tokens)]
@@ -138,7 +143,21 @@ def _gpt2(torch, args):
         opt.step()
         return loss
 
-    return model, step
+    return step
+
+
+def _gpt2(torch, args, seed=2, wrap=_same):
+    """GPT-2 training with AdamW; `wrap` as for resnet50."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=args.gpt2_layers, n_positions=args.gpt2_seq)
+    with torch.device("cuda"):
+        model = _eager(GPT2LMHeadModel, config)
+    model.train()
+    model = wrap(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = _tokens(torch, config.vocab_size, args.gpt2_batch, args.gpt2_seq, seed)
+    return model, _lm_step(model, opt, tokens)
 
 
 def _bert(torch, args):
@@ -331,14 +350,15 @@ def _row(model, config, runs, natives):
     return row
 
 
-def _equal_steps(native, other):
+def _equal_steps(native, other, shown=4):
     """`(equal, total, first difference)`: after how many training steps every
-    `torch.cuda.memory_stats()` key equals native's, values included."""
+    `torch.cuda.memory_stats()` key equals native's, values included (the
+    first difference names up to `shown` keys)."""
     equal, first = 0, None
     for i, (a, b) in enumerate(zip(native, other)):
         differ = sorted(k for k in a if a[k] != b.get(k))
         if differ:
-            first = first or f"step {i}: " + ", ".join(f"{k} {b.get(k)} vs {a[k]}" for k in differ[:4])
+            first = first or f"step {i}: " + ", ".join(f"{k} {b.get(k)} vs {a[k]}" for k in differ[:shown])
         else:
             equal += 1
     return [equal, len(native), first]

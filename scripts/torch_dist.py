@@ -44,6 +44,10 @@ import sys
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "gpu")]
+import torch_bench as bench  # noqa: E402  (the models, and the comparisons both scripts make)
+
 MIB = 1 << 20
 # NVLink multicast can put a shared host's GPUs out of service: off everywhere.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -72,66 +76,16 @@ def _config_env(name):
 # ----------------------------------------------------------------------------
 
 
-def _eager(cls, config):
-    """The model with plain (deterministic) attention where transformers allows it."""
-    try:
-        return cls._from_config(config, attn_implementation="eager")
-    except (TypeError, ValueError, AttributeError):
-        return cls(config)
-
-
-def _ddp(torch, model, device):
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
+def _ddp(torch, device):
+    return lambda model: torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
 
 
 def _gpt2(torch, args, rank, device):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_layer=args.gpt2_layers, n_positions=args.gpt2_seq)
-    with torch.device("cuda"):
-        model = _eager(GPT2LMHeadModel, config)
-    model = _ddp(torch, model, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator(device="cpu").manual_seed(100 + rank)
-    tokens = [torch.randint(0, config.vocab_size, (args.gpt2_batch, args.gpt2_seq), generator=g).cuda() for _ in range(2)]
-
-    def step(i):
-        ids = tokens[i % len(tokens)]
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, opt, step
+    return bench._gpt2(torch, args, seed=100 + rank, wrap=_ddp(torch, device))
 
 
 def _resnet50(torch, args, rank, device):
-    import torchvision
-
-    with torch.device("cuda"):
-        model = torchvision.models.resnet50(weights=None)
-    model = _ddp(torch, model, device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    g = torch.Generator(device="cpu").manual_seed(200 + rank)
-    batches = [
-        (
-            torch.randn(args.resnet_batch, 3, 224, 224, generator=g).cuda(),
-            torch.randint(0, 1000, (args.resnet_batch,), generator=g).cuda(),
-        )
-        for _ in range(2)
-    ]
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(i):
-        x, y = batches[i % len(batches)]
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, opt, step
+    return bench._resnet50(torch, args, seed=200 + rank, wrap=_ddp(torch, device))
 
 
 def _llama(torch, args, rank, device):
@@ -148,23 +102,13 @@ def _llama(torch, args, rank, device):
         max_position_embeddings=args.llama_seq,
     )
     with torch.device("cuda"):
-        model = _eager(LlamaForCausalLM, config).to(torch.bfloat16)
+        model = bench._eager(LlamaForCausalLM, config).to(torch.bfloat16)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator(device="cpu").manual_seed(300 + rank)
-    tokens = [torch.randint(0, config.vocab_size, (args.llama_batch, args.llama_seq), generator=g).cuda() for _ in range(2)]
-
-    def step(i):
-        ids = tokens[i % len(tokens)]
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, opt, step
+    tokens = bench._tokens(torch, config.vocab_size, args.llama_batch, args.llama_seq, 300 + rank)
+    return model, bench._lm_step(model, opt, tokens)
 
 
 BUILDERS = {"ddp-gpt2": _gpt2, "ddp-resnet50": _resnet50, "fsdp-llama": _llama}
@@ -202,43 +146,6 @@ def _streams(torch):
         return None
 
 
-TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap"}
-
-
-def _write_trace(torch, base, config, wall):
-    """Rank 0's allocator trace since the process began, in DESIGN.md's trace CSV
-    (as scripts/gpu/record_traces.py writes it), and the run's facts."""
-    import csv
-    import gzip
-
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    events = [e for e in snapshot["device_traces"][torch.cuda.current_device()] if e["action"] in TRACE_ACTIONS]
-    with gzip.open(base + ".trace.csv.gz", "wt", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["time_us", "action", "addr", "size", "stream"])
-        for e in events:
-            w.writerow([e["time_us"], e["action"], e["addr"], e["size"], e["stream"]])
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    stats = {
-        "workload": os.path.basename(base).split(".")[0],
-        "label": config,
-        "conf": _config_env(config).get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": props.name,
-        "total_memory": props.total_memory,
-        "wall_s": wall,
-        "events": len(events),
-        "checkpoints": [],
-        "oom": None,
-        "allocator_settings": snapshot.get("allocator_settings", {}),
-        "memory_stats": dict(torch.cuda.memory_stats()),
-    }
-    with gzip.open(base + ".stats.json.gz", "wt") as fh:
-        json.dump(stats, fh, indent=1)
-
-
 def _reset(torch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -251,9 +158,8 @@ def _run_workload(torch, dist, name, args, rank, device):
 
     _reset(torch)
     free_before = torch.cuda.mem_get_info()[0]
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    model, opt, step = BUILDERS[name](torch, args, rank, device)
+    bench._seed(torch, 0)
+    model, step = BUILDERS[name](torch, args, rank, device)
     losses, times, step_stats, min_free = [], [], [], torch.cuda.mem_get_info()[0]
     for i in range(args.warmup + args.steps):
         torch.cuda.synchronize()
@@ -267,7 +173,7 @@ def _run_workload(torch, dist, name, args, rank, device):
     stats = torch.cuda.memory_stats()
     streams = _streams(torch)
     check = _parameters_check(torch, dist, model)
-    del model, opt, step, loss
+    del model, step, loss
     gc.collect()
     return {
         "losses": losses,
@@ -319,9 +225,12 @@ def rank_main(args):
         results["cachalot_config"] = cachalot.config()
     if tracing:
         os.makedirs(args.trace, exist_ok=True)
-        name = args.workloads.replace("-", "_").replace(",", "+")
-        _write_trace(torch, os.path.join(args.trace, f"{name}_{results['world']}ranks.{args.config}"),
-                     args.config, time.perf_counter() - launched)
+        import record_traces
+
+        name = f"{args.workloads.replace('-', '_').replace(',', '+')}_{results['world']}ranks"
+        conf = _config_env(args.config).get("PYTORCH_CUDA_ALLOC_CONF", "")
+        record_traces.write_recording(torch, os.path.join(args.trace, f"{name}.{args.config}"), name, args.config,
+                                      conf, time.perf_counter() - launched, [])
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
@@ -368,19 +277,6 @@ def _launch(name, args, out):
         return {"_error": f"exit {proc.returncode}: {proc.stderr[-600:]}"}
     print(f"# {name}: torchrun {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
     return ranks
-
-
-def _equal_steps(native, other):
-    """`(equal, total, first difference)`: after how many steps every
-    `torch.cuda.memory_stats()` key equals native's."""
-    equal, first = 0, None
-    for i, (a, b) in enumerate(zip(native, other)):
-        differ = sorted(k for k in a if a[k] != b.get(k))
-        if differ:
-            first = first or f"step {i}: " + ", ".join(f"{k} {b.get(k)} vs {a[k]}" for k in differ[:8])
-        else:
-            equal += 1
-    return [equal, len(native), first]
 
 
 def _per_step(step_stats, key):
@@ -436,13 +332,13 @@ def _row(workload, config, runs, natives):
         row["params_equal_native"] = all(
             run[r]["params_local"] == n[r]["params_local"] for run, n in zip(runs, natives) for r in ranks
         )
-        counts = [_equal_steps(n[r]["step_stats"], run[r]["step_stats"]) for run, n in zip(runs, natives) for r in ranks]
+        counts = [bench._equal_steps(n[r]["step_stats"], run[r]["step_stats"], 8) for run, n in zip(runs, natives) for r in ranks]
         row["stats_steps_equal"] = [sum(c[0] for c in counts), sum(c[1] for c in counts)]
         row["stats_first_difference"] = next((c[2] for c in counts if c[2]), None)
         if config == "native" and len(natives) > 1:
             # PyTorch against itself: frees that wait on other streams' events
             # make the statistics depend on timing.
-            self_counts = [_equal_steps(natives[0][r]["step_stats"], n[r]["step_stats"]) for n in natives[1:] for r in ranks]
+            self_counts = [bench._equal_steps(natives[0][r]["step_stats"], n[r]["step_stats"], 8) for n in natives[1:] for r in ranks]
             row["stats_steps_equal"] = [sum(c[0] for c in self_counts), sum(c[1] for c in self_counts)]
             row["stats_first_difference"] = next((c[2] for c in self_counts if c[2]), None)
         row["stats_reproducible_equal"] = _reproducible_equal(natives, runs, ranks)
@@ -555,12 +451,6 @@ def _markdown(env, rows, verdicts, command):
     return "\n".join(lines) + "\n"
 
 
-def _pin_cpus(count):
-    cores = sorted(os.sched_getaffinity(0))
-    if count and len(cores) > count:
-        os.sched_setaffinity(0, cores[:count])
-
-
 def _without_step_stats(rounds):
     """The rounds' results for the JSON, less every step's memory_stats."""
 
@@ -592,7 +482,7 @@ def _report(args, env, rounds, configs, workloads):
 
 
 def driver(args):
-    _pin_cpus(args.cpus)
+    bench._pin_cpus(args.cpus)
     configs = args.configs.split(";") if ";" in args.configs else args.configs.split(",")
     for name in configs:
         _config_env(name)  # refuses an unknown one before anything runs

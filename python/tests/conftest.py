@@ -2,7 +2,12 @@
 The policy comes from CACHALOT_ALLOC_CONF (the GPU script runs the suite once per
 policy)."""
 
+import importlib.util
+import pathlib
+
 import pytest
+
+SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "scripts"
 
 
 def _gpu():
@@ -29,3 +34,20 @@ def torch_gpu(request):
     import torch
 
     return torch
+
+
+@pytest.fixture(scope="session")
+def script():
+    """Loads one of the checkout's scripts/ as a module: `script("diffcheck")`
+    (skips where the tests run outside a checkout, as on the GPU machine)."""
+
+    def load(name):
+        path = SCRIPTS / f"{name}.py"
+        if not path.exists():
+            pytest.skip(f"not in a cachalot checkout (scripts/{name}.py)")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -1,21 +1,11 @@
 """scripts/diffcheck.py's programs and comparison, without a GPU or torch."""
 
-import importlib.util
-import pathlib
-
 import pytest
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "diffcheck.py"
 
 
 @pytest.fixture(scope="module")
-def dc():
-    if not SCRIPT.exists():
-        pytest.skip("not in a cachalot checkout (scripts/diffcheck.py)")
-    spec = importlib.util.spec_from_file_location("diffcheck", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def dc(script):
+    return script("diffcheck")
 
 
 def test_a_seed_gives_one_valid_program(dc):

@@ -2,22 +2,13 @@
 a target missed must show as missed."""
 
 import copy
-import importlib.util
-import pathlib
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "torch_dist.py"
-
 
 @pytest.fixture(scope="module")
-def dist():
-    if not SCRIPT.exists():
-        pytest.skip("not in a cachalot checkout (scripts/torch_dist.py)")
-    spec = importlib.util.spec_from_file_location("torch_dist", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def dist(script):
+    return script("torch_dist")
 
 
 def _rank(step_ms=10.0, reserved=1000, stats_value=7, digest="aa"):

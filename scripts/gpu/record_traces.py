@@ -81,21 +81,31 @@ def child(workload, label, out_dir):
 
     start = time.time()
     WORKLOADS[workload](torch, checkpoint)
-    wall = time.time() - start
+    stats = write_recording(torch, os.path.join(out_dir, f"{workload}.{label}"), workload, label,
+                            LABELS[label], time.time() - start, checkpoints)
+    peak = stats["memory_stats"]["reserved_bytes.all.peak"] / 2**20
+    print(f"{workload}.{label}: {stats['events']} events, {stats['wall_s']:.1f} s, peak reserved {peak:.0f} MiB")
+
+
+def write_recording(torch, base, workload, label, conf, wall, checkpoints):
+    """Stops the recording begun with torch.cuda.memory._record_memory_history
+    and writes the current device's events as <base>.trace.csv.gz (DESIGN.md's
+    trace CSV) and the run's facts as <base>.stats.json.gz; returns the facts.
+    scripts/torch_dist.py --trace writes its recordings through it too."""
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    events = [e for e in snapshot["device_traces"][0] if e["action"] in ACTIONS]
-    base = os.path.join(out_dir, f"{workload}.{label}")
+    device = torch.cuda.current_device()
+    events = [e for e in snapshot["device_traces"][device] if e["action"] in ACTIONS]
     with gzip.open(base + ".trace.csv.gz", "wt", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["time_us", "action", "addr", "size", "stream"])
         for e in events:
             w.writerow([e["time_us"], e["action"], e["addr"], e["size"], e["stream"]])
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(device)
     stats = {
         "workload": workload,
         "label": label,
-        "conf": LABELS[label],
+        "conf": conf,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": props.name,
@@ -109,8 +119,7 @@ def child(workload, label, out_dir):
     }
     with gzip.open(base + ".stats.json.gz", "wt") as fh:
         json.dump(stats, fh, indent=1)
-    peak = stats["memory_stats"]["reserved_bytes.all.peak"] / 2**20
-    print(f"{workload}.{label}: {len(events)} events, {wall:.1f} s, peak reserved {peak:.0f} MiB")
+    return stats
 
 
 def main():
