@@ -12,6 +12,7 @@ use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
+use crate::private_pool::{PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -82,6 +83,64 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     fn oom_breakdown(&self) -> OomBreakdown {
         OomBreakdown::from_snapshot(&self.snapshot())
     }
+
+    /// Creates private pool `id` with a use count of 1, or adds a use to it
+    /// (PyTorch's `createOrIncrefPool`: a `MemPool`, or a second graph sharing
+    /// a pool).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// [`PoolId::DEFAULT`].
+    fn create_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Sets private pool `id`'s options (`MemPool`'s `use_on_oom`, `no_split`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
+
+    /// Sends the requests whose stream `filter` accepts to private pool `id`
+    /// (created, or given one more use) until [`DeviceAllocator::end_allocate_to_pool`].
+    /// While any route is open, cross-stream frees wait and the cache is not
+    /// flushed on a miss, as during a CUDA graph capture.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// [`PoolId::DEFAULT`].
+    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()>;
+
+    /// Closes the newest route to private pool `id` (its use stays until
+    /// [`DeviceAllocator::release_pool`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no route
+    /// to `id` is open.
+    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Takes one use off private pool `id`. At zero the pool is freeable: its
+    /// cached memory goes back at the next `empty_cache`, and the pool is
+    /// forgotten once it holds none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool or one with no use left.
+    fn release_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Private pool `id`'s use count (0 for a pool this device does not know).
+    fn pool_use_count(&self, id: PoolId) -> u32;
+
+    /// Returns private pool `id`'s cached memory to the device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool; [`Error::Backend`](crate::Error::Backend) when the device fails.
+    fn empty_pool_cache(&self, id: PoolId) -> Result<()>;
+
+    /// The addresses of private pool `id`'s live allocations, ascending.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>>;
 
     /// Checks every invariant (walks all state).
     ///

@@ -97,6 +97,7 @@ pub mod event;
 pub mod golden;
 pub mod history;
 pub mod policy;
+pub mod private_pool;
 pub mod replay;
 pub mod report;
 pub mod snapshot;

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{DevicePtr, StreamId};
+use crate::private_pool::PoolId;
 
 /// The state of a block in a snapshot (PyTorch's strings).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -55,6 +56,9 @@ pub struct SegmentInfo {
     pub is_small: bool,
     /// Whether it is an expandable (mapped) range.
     pub is_expandable: bool,
+    /// The private pool it belongs to ([`PoolId::DEFAULT`] for the default
+    /// pools): PyTorch's `segment_pool_id`.
+    pub pool_id: PoolId,
     /// Its blocks, by address; they tile the segment.
     pub blocks: Vec<BlockInfo>,
 }

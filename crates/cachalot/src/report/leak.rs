@@ -305,6 +305,7 @@ mod tests {
             stream: StreamId(0),
             is_small: true,
             is_expandable: false,
+            pool_id: crate::private_pool::PoolId::DEFAULT,
             blocks,
         };
         MemorySnapshot {

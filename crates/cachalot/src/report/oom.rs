@@ -235,6 +235,7 @@ mod tests {
             stream: StreamId(0),
             is_small: false,
             is_expandable: false,
+            pool_id: crate::private_pool::PoolId::DEFAULT,
             blocks,
         }
     }

@@ -15,6 +15,7 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::config::AllocatorConfig;
 use crate::event::{Action, TraceEvent};
 use crate::history::Frame;
+use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 /// The schema version written.
@@ -40,6 +41,9 @@ struct Segment {
     stream: u64,
     pool: Pool,
     is_expandable: bool,
+    /// `segment_pool_id`; absent (the default pools) in older documents.
+    #[serde(default)]
+    pool_id: (u64, u64),
     blocks: Vec<Block>,
 }
 
@@ -133,6 +137,7 @@ fn to_document(dump: &SnapshotDump) -> Document {
         stream: s.stream.0,
         pool: if s.is_small { Pool::Small } else { Pool::Large },
         is_expandable: s.is_expandable,
+        pool_id: (s.pool_id.0, s.pool_id.1),
         blocks: s
             .blocks
             .iter()
@@ -190,6 +195,7 @@ fn from_document(doc: Document) -> Result<SnapshotDump, SnapshotIoError> {
             stream: StreamId(s.stream),
             is_small: s.pool == Pool::Small,
             is_expandable: s.is_expandable,
+            pool_id: PoolId(s.pool_id.0, s.pool_id.1),
             blocks,
         });
     }

@@ -179,6 +179,7 @@ pub(crate) mod fixtures {
             stream: StreamId(0),
             is_small: true,
             is_expandable: false,
+            pool_id: crate::private_pool::PoolId::DEFAULT,
             blocks: vec![
                 BlockInfo {
                     address: 0x7f00_0000_0000,
@@ -207,6 +208,7 @@ pub(crate) mod fixtures {
             stream: StreamId(0x55),
             is_small: false,
             is_expandable: true,
+            pool_id: crate::private_pool::PoolId::DEFAULT,
             blocks: vec![BlockInfo {
                 address: 0x7f00_1000_0000,
                 size: 4 << 20,

@@ -114,7 +114,7 @@ fn segment(s: &SegmentInfo, dump: &SnapshotDump) -> Value {
         ),
         (
             "segment_pool_id",
-            Value::Tuple(vec![Value::I64(0), Value::I64(0)]),
+            Value::Tuple(vec![int(s.pool_id.0), int(s.pool_id.1)]),
         ),
         ("is_expandable", Value::Bool(s.is_expandable)),
         ("frames", Value::List(Vec::new())),

@@ -17,6 +17,7 @@ use super::{guard, io_error, Origin, ReadLimits, Recording, TraceError};
 use crate::backend::StreamId;
 use crate::error::{is_too_large, MAX_REQUEST};
 use crate::event::{Action, TraceEvent};
+use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 /// A decoded memory snapshot.
@@ -308,8 +309,23 @@ fn segment(value: &Value, path: &str) -> Result<SegmentInfo, TraceError> {
         stream: StreamId(num("stream")?),
         is_small,
         is_expandable,
+        pool_id: pool_id(d, path)?,
         blocks,
     })
+}
+
+/// `segment_pool_id`, a pair of integers; absent in older snapshots.
+fn pool_id(d: &Dict, path: &str) -> Result<PoolId, TraceError> {
+    let Some(v) = get(d, "segment_pool_id") else {
+        return Ok(PoolId::DEFAULT);
+    };
+    let at = format!("{path}.segment_pool_id");
+    match v {
+        Value::Tuple(items) | Value::List(items) if items.len() == 2 => {
+            Ok(PoolId(uint(&items[0], &at)?, uint(&items[1], &at)?))
+        }
+        _ => Err(TraceError::schema(at, "expected a pair of integers")),
+    }
 }
 
 fn block(value: &Value, path: &str) -> Result<BlockInfo, TraceError> {

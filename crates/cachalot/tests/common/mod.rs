@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod pools;
 
 /// Generates the conformance tests for allocators built by `$make` (a closure
 /// returning `Arc<dyn DeviceAllocator>`, a fresh one per call).
@@ -58,6 +59,26 @@ macro_rules! conformance_suite {
             #[test]
             fn observer_sees_every_transition() {
                 common::conformance::observer_sees_every_transition(&*make());
+            }
+            #[test]
+            fn private_pool_serves_only_its_routes() {
+                common::pools::private_pool_serves_only_its_routes(&*make());
+            }
+            #[test]
+            fn pool_use_counts_and_misuse() {
+                common::pools::pool_use_counts_and_misuse(&*make());
+            }
+            #[test]
+            fn frees_during_capture_wait_for_its_end() {
+                common::pools::frees_during_capture_wait_for_its_end(&*make());
+            }
+            #[test]
+            fn use_on_oom_pools_lend_free_blocks() {
+                common::pools::use_on_oom_pools_lend_free_blocks(&*make());
+            }
+            #[test]
+            fn no_split_pools_keep_allocations_apart() {
+                common::pools::no_split_pools_keep_allocations_apart(&*make());
             }
         }
     };

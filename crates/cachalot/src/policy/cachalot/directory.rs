@@ -59,11 +59,14 @@ impl RangeTable {
 /// slow path) does not burn a core.
 type StreamLock = SpinMutex<StreamState, Yield>;
 
-/// One stream's state behind its own lock.
+/// One stream's state behind its own lock: a stream's default pools, or its
+/// pools of one private pool (a *lane* of that private pool).
 #[derive(Debug)]
 pub(crate) struct StreamEntry {
     /// The stream.
     pub(crate) stream: StreamId,
+    /// The private pool's slot (0: the default pools).
+    pub(crate) pool: u32,
     /// Where its pools' ranges are.
     pub(crate) ranges: std::sync::Arc<RangeTable>,
     state: Isolated<StreamLock>,
@@ -104,23 +107,24 @@ impl Directory {
             .filter_map(OnceLock::get)
     }
 
-    /// The entry of `stream`, if it exists.
-    pub(crate) fn get(&self, stream: StreamId) -> Option<&StreamEntry> {
-        self.iter().find(|e| e.stream == stream)
+    /// The entry of `stream` in pool slot `pool`, if it exists.
+    pub(crate) fn get(&self, stream: StreamId, pool: u32) -> Option<&StreamEntry> {
+        self.iter().find(|e| e.stream == stream && e.pool == pool)
     }
 
-    /// The entry of `stream`, created with `make` when new; `None` when the
-    /// table is full.
+    /// The entry of `stream` in pool slot `pool`, created with `make` when
+    /// new; `None` when the table is full.
     pub(crate) fn get_or_create(
         &self,
         stream: StreamId,
+        pool: u32,
         make: impl FnOnce(std::sync::Arc<RangeTable>) -> StreamState,
     ) -> Option<&StreamEntry> {
-        if let Some(e) = self.get(stream) {
+        if let Some(e) = self.get(stream, pool) {
             return Some(e);
         }
         let _guard = self.grow.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = self.get(stream) {
+        if let Some(e) = self.get(stream, pool) {
             return Some(e);
         }
         let n = self.len.load(Ordering::Acquire);
@@ -129,6 +133,7 @@ impl Directory {
         let state = Isolated(StreamLock::new(make(ranges.clone())));
         let entry = next.get_or_init(|| StreamEntry {
             stream,
+            pool,
             ranges,
             state,
         });

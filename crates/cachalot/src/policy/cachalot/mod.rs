@@ -130,6 +130,7 @@ mod ledger;
 mod live;
 mod pages;
 mod pool;
+mod private;
 mod reuse;
 mod stream;
 mod tally;
@@ -147,6 +148,7 @@ use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
+use crate::private_pool::{PoolBook, PoolId, PoolOptions, RouteFilter};
 use directory::{Directory, StreamEntry, MAX_STREAMS};
 use journal::{DeviceJournal, Fill, Merged};
 use ledger::Ledger;
@@ -164,6 +166,7 @@ pub struct CachalotAllocator {
     observer: Mutex<Option<Arc<dyn Observer>>>,
     stream_config: StreamConfig,
     start: Instant,
+    book: Mutex<PoolBook>,
 }
 
 impl fmt::Debug for CachalotAllocator {
@@ -205,16 +208,17 @@ impl CachalotAllocator {
             observer: Mutex::new(None),
             stream_config,
             start: Instant::now(),
+            book: Mutex::new(PoolBook::default()),
             config,
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction)?;
         Ok(allocator)
     }
 
-    fn entry(&self, stream: StreamId) -> Result<&StreamEntry> {
-        match self.streams.get(stream) {
+    fn entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
+        match self.streams.get(stream, pool) {
             Some(entry) => Ok(entry),
-            None => self.new_entry(stream),
+            None => self.new_entry(stream, pool),
         }
     }
 
@@ -222,10 +226,10 @@ impl CachalotAllocator {
     /// path's way: a stream's state is kilobytes).
     #[cold]
     #[inline(never)]
-    fn new_entry(&self, stream: StreamId) -> Result<&StreamEntry> {
+    fn new_entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
         // Streams are created one at a time, under the merge state's lock.
         let mut merged = self.journal.lock();
-        if let Some(entry) = self.streams.get(stream) {
+        if let Some(entry) = self.streams.get(stream, pool) {
             return Ok(entry);
         }
         if merged.is_none() {
@@ -251,11 +255,15 @@ impl CachalotAllocator {
             if several {
                 ledger.keep_journal(self.journal.journal());
             }
-            StreamState::new(stream, ledger, self.stream_config, ranges)
+            StreamState::new(stream, ledger, self.stream_config, ranges, pool != 0)
         };
-        self.streams.get_or_create(stream, make).ok_or_else(|| {
-            Error::InvalidArgument(format!("more than {MAX_STREAMS} streams on one device"))
-        })
+        self.streams
+            .get_or_create(stream, pool, make)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                "more than {MAX_STREAMS} streams (counting each private pool's apart) on one device"
+            ))
+            })
     }
 
     /// Runs `f` under the lock of the stream owning `ptr`: the stream whose
@@ -348,11 +356,22 @@ impl CachalotAllocator {
         }
     }
 
-    /// Returns every stream's cached memory to the device.
+    /// Returns the cached memory of every stream's default pools and of every
+    /// freeable private pool to the device (nothing while quiet: that would
+    /// wait for streams during a capture).
     fn flush_all(&self) -> Result<()> {
-        for entry in self.streams.iter() {
-            self.journaled(entry, |st| st.empty_cache(&self.pages))?;
+        if self.pages.quiet() {
+            return Ok(());
         }
+        let live = self.live_pool_slots();
+        for entry in self.streams.iter() {
+            if live.contains(&entry.pool) {
+                self.journaled(entry, |st| st.finish_frees(&self.pages))?;
+            } else {
+                self.journaled(entry, |st| st.empty_cache(&self.pages))?;
+            }
+        }
+        self.forget_empty_freeable_pools();
         Ok(self.pages.retry_orphans()?)
     }
 
@@ -361,6 +380,14 @@ impl CachalotAllocator {
     #[cold]
     #[inline(never)]
     fn retry_malloc(&self, entry: &StreamEntry, rounded: u64, size: u64) -> Result<DevicePtr> {
+        if entry.pool == 0 {
+            if let Some(ptr) = self.borrow_for_oom(entry.stream, rounded, size)? {
+                return Ok(ptr);
+            }
+        }
+        if self.pages.quiet() {
+            return Err(self.out_of_memory(entry, size, rounded));
+        }
         entry.lock().ledger.retried();
         self.flush_all()?;
         let second = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
@@ -411,8 +438,13 @@ impl DeviceAllocator for CachalotAllocator {
             return Ok(0);
         }
         check_request(size)?;
-        let rounded = size.div_ceil(ROUNDING) * ROUNDING;
-        let entry = self.entry(stream)?;
+        let (pool, unit) = if self.pages.quiet() {
+            self.route(stream)
+        } else {
+            (0, ROUNDING)
+        };
+        let rounded = size.div_ceil(unit) * unit;
+        let entry = self.entry(stream, pool)?;
         let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
         match first {
             Ok(ptr) => Ok(ptr),
@@ -483,13 +515,58 @@ impl DeviceAllocator for CachalotAllocator {
 
     fn snapshot(&self) -> MemorySnapshot {
         let device = self.backend.capabilities().device;
+        let book = self.book();
         let mut segments: Vec<_> = self
             .streams
             .iter()
-            .flat_map(|e| e.lock().snapshot(device))
+            .flat_map(|e| {
+                let pool_id = book.id_of(e.pool);
+                let mut segments = e.lock().snapshot(device);
+                segments.iter_mut().for_each(|s| s.pool_id = pool_id);
+                segments
+            })
             .collect();
         segments.sort_by_key(|s| s.address);
         MemorySnapshot { segments }
+    }
+
+    fn create_pool(&self, id: PoolId) -> Result<()> {
+        self.book().create_or_incref(id).map(|_| ())
+    }
+
+    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
+        self.book().set_options(id, options)
+    }
+
+    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
+        let mut book = self.book();
+        book.create_or_incref(id)?;
+        book.push_route(id, filter)?;
+        self.pages.set_quiet(true);
+        Ok(())
+    }
+
+    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()> {
+        let mut book = self.book();
+        book.end_route(id)?;
+        self.pages.set_quiet(book.routing());
+        Ok(())
+    }
+
+    fn release_pool(&self, id: PoolId) -> Result<()> {
+        self.book().release(id).map(|_| ())
+    }
+
+    fn pool_use_count(&self, id: PoolId) -> u32 {
+        self.book().get(id).map_or(0, |r| r.use_count)
+    }
+
+    fn empty_pool_cache(&self, id: PoolId) -> Result<()> {
+        self.empty_private_pool(id)
+    }
+
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+        self.private_allocations(id)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

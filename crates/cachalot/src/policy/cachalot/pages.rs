@@ -5,7 +5,7 @@
 //! cache), so one atomic counter is all the sharing there is.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
@@ -20,6 +20,9 @@ pub(crate) struct Pages {
     held: AtomicU64,
     /// Unmapped pages whose release failed; retried by [`Pages::retry_orphans`].
     orphans: Mutex<Vec<PageHandle>>,
+    /// Whether a route to a private pool is open (as during a CUDA graph
+    /// capture, when no stream or event may be waited for or queried).
+    quiet: AtomicBool,
 }
 
 impl fmt::Debug for Pages {
@@ -45,7 +48,20 @@ impl Pages {
             limit: AtomicU64::new(u64::MAX),
             held: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
+            quiet: AtomicBool::new(false),
         }
+    }
+
+    /// Whether streams must not wait or query events now: while a route to a
+    /// private pool is open, streams neither re-map cached pages (which waits
+    /// for the stream) nor complete cross-stream frees.
+    pub(crate) fn quiet(&self) -> bool {
+        self.quiet.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Pages::quiet`].
+    pub(crate) fn set_quiet(&self, quiet: bool) {
+        self.quiet.store(quiet, Ordering::Relaxed);
     }
 
     /// The backend.

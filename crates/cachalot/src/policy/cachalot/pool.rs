@@ -7,6 +7,7 @@
 //! new pages.
 
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
+use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 use super::cells::Cells;
@@ -495,6 +496,7 @@ impl Pool {
                 stream,
                 is_small: self.small,
                 is_expandable: self.cells.is_some(),
+                pool_id: PoolId::DEFAULT,
                 blocks: clipped.collect(),
             });
         }

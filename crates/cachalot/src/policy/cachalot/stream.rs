@@ -80,6 +80,9 @@ struct Pending {
     /// An event could not be recorded nor its stream synchronized: only a
     /// device synchronization (at `empty_cache` or out of memory) frees it.
     wait_device: bool,
+    /// Streams whose events are still to be recorded: freed while quiet
+    /// ([`Pages::quiet`]), the events are recorded once it is not.
+    unrecorded: Vec<StreamId>,
 }
 
 /// Settings a stream needs.
@@ -121,6 +124,9 @@ pub(crate) struct StreamState {
     unsynced: bool,
     config: StreamConfig,
     ranges: Arc<RangeTable>,
+    /// A lane of a private pool: its pages are never re-mapped (a graph
+    /// replays at the addresses it captured, freed blocks included).
+    private: bool,
 }
 
 fn all_done(backend: &dyn Backend, events: &[EventId]) -> BackendResult<bool> {
@@ -143,6 +149,7 @@ impl StreamState {
         ledger: Ledger,
         config: StreamConfig,
         ranges: Arc<RangeTable>,
+        private: bool,
     ) -> StreamState {
         StreamState {
             stream,
@@ -161,6 +168,7 @@ impl StreamState {
             unsynced: false,
             config,
             ranges,
+            private,
         }
     }
 
@@ -193,7 +201,9 @@ impl StreamState {
     }
 
     fn malloc_inner(&mut self, pages: &Pages, size: u64, requested: u64) -> BackendResult<u64> {
-        self.process_events(pages)?;
+        if !pages.quiet() {
+            self.process_events(pages)?;
+        }
         let p = pool_of(size);
         if pages.granularity() > 0 {
             self.malloc_mapped(pages, p, size, requested)
@@ -408,14 +418,15 @@ impl StreamState {
         {
             self.start_churning();
         }
-        if mapped >= self.budget() {
+        let may_steal = !self.private && !pages.quiet();
+        if may_steal && mapped >= self.budget() {
             if let Some(page) = self.steal(pages, p, keep)? {
                 self.remaps += 1;
                 return Ok(page);
             }
         }
         match pages.create_page() {
-            Err(e) if e.is_out_of_memory() => self.steal(pages, p, keep)?.ok_or(e),
+            Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
             other => other,
         }
     }
@@ -573,22 +584,39 @@ impl StreamState {
             pool.heap.restore_live(id);
         }
         pool.heap.set_pending(id);
-        let backend = pages.backend().as_ref();
-        let (mut events, mut wait_device) = (Vec::with_capacity(streams.len()), false);
-        for s in streams {
-            match self.record_on(backend, s) {
-                Ok(e) => events.push(e),
-                // Without an event, wait for the stream now instead; failing
-                // that, for the whole device later.
-                Err(_) => wait_device |= backend.synchronize_stream(s).is_err(),
-            }
-        }
-        self.pending.push(Pending {
+        let mut pending = Pending {
             pool: p,
             id,
-            events,
-            wait_device,
-        });
+            events: Vec::new(),
+            wait_device: false,
+            unrecorded: streams,
+        };
+        if !pages.quiet() {
+            self.record_pending(pages, &mut pending);
+        }
+        self.pending.push(pending);
+    }
+
+    /// Records the events a pending free still lacks.
+    fn record_pending(&mut self, pages: &Pages, pending: &mut Pending) {
+        let backend = pages.backend().as_ref();
+        for s in std::mem::take(&mut pending.unrecorded) {
+            match self.record_on(backend, s) {
+                Ok(e) => pending.events.push(e),
+                // Without an event, wait for the stream now instead; failing
+                // that, for the whole device later.
+                Err(_) => pending.wait_device |= backend.synchronize_stream(s).is_err(),
+            }
+        }
+    }
+
+    /// Records the events of the frees made while quiet.
+    fn record_deferred(&mut self, pages: &Pages) {
+        let mut pending = std::mem::take(&mut self.pending);
+        for waiting in pending.iter_mut().filter(|w| !w.unrecorded.is_empty()) {
+            self.record_pending(pages, waiting);
+        }
+        self.pending = pending;
     }
 
     fn record_on(&mut self, backend: &dyn Backend, stream: StreamId) -> BackendResult<EventId> {
@@ -642,7 +670,11 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
-        if let Some(keep) = self.config.threshold {
+        if let Some(keep) = self
+            .config
+            .threshold
+            .filter(|_| !self.private && !pages.quiet())
+        {
             self.keep_under(pages, p, keep);
         }
     }
@@ -678,6 +710,7 @@ impl StreamState {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.record_deferred(pages);
         let mut i = 0;
         while i < self.pending.len() {
             let waiting = &self.pending[i];
@@ -696,6 +729,7 @@ impl StreamState {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.record_deferred(pages);
         if self.pending.iter().any(|p| p.wait_device) {
             pages.backend().synchronize_device()?;
         }
@@ -718,6 +752,14 @@ impl StreamState {
             self.pools[p].release_cached(pages, &mut self.ledger, keep)?;
         }
         Ok(())
+    }
+
+    /// Waits for every pending free and completes it, keeping the memory
+    /// (a live private pool's lane at `empty_cache`).
+    pub(crate) fn finish_frees(&mut self, pages: &Pages) -> BackendResult<()> {
+        let result = self.sync_pending(pages);
+        self.ledger.flush();
+        result
     }
 
     /// Returns every cached page, segment, range and spare event to the device.

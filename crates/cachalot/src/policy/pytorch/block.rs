@@ -31,6 +31,8 @@ pub(crate) struct Block {
     pub(crate) requested: u64,
     /// Whether it belongs to the small pool.
     pub(crate) small: bool,
+    /// The private pool it belongs to (0: the default pools).
+    pub(crate) pool: u32,
     /// Handed to a caller.
     pub(crate) allocated: bool,
     /// Backed by device memory (false only for unmapped stretches of an
@@ -58,9 +60,10 @@ impl Block {
         self.prev.is_some() || self.next.is_some()
     }
 
-    /// Allocated, or freed but awaiting a stream.
+    /// Allocated, or freed but awaiting a stream (its events, or, freed during
+    /// a capture, the recording of its events).
     pub(crate) fn is_active(&self) -> bool {
-        self.allocated || self.event_count > 0
+        self.allocated || self.event_count > 0 || !self.stream_uses.is_empty()
     }
 
     /// A copy of this block's fields for a new block of `size` bytes at the same
@@ -72,6 +75,7 @@ impl Block {
             size,
             requested: self.requested,
             small: self.small,
+            pool: self.pool,
             allocated: self.allocated,
             mapped: self.mapped,
             prev: self.prev,
@@ -101,6 +105,8 @@ pub(crate) struct Segment {
     pub(crate) stream: StreamId,
     /// Small or large pool.
     pub(crate) small: bool,
+    /// The private pool it belongs to (0: the default pools).
+    pub(crate) pool: u32,
     /// The block at `base`.
     pub(crate) head: BlockId,
     /// Page bookkeeping, for expandable segments.

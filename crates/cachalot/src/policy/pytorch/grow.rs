@@ -35,6 +35,7 @@ impl State {
             size: req.alloc_size,
             stream: req.stream,
             small: req.small,
+            pool: req.pool,
             head: placeholder(),
             expandable: None,
         });
@@ -75,7 +76,7 @@ impl State {
     /// The lowest-addressed run of free and unmapped blocks of the stream's
     /// segments with `req.size` bytes of room, or a new segment's unmapped block.
     fn find_expandable_block(&mut self, req: &Request) -> Result<Option<BlockId>> {
-        let pool = if req.small { &self.small } else { &self.large };
+        let pool = self.pools[req.pool as usize].of(req.small);
         for id in pool.unmapped_of(req.stream) {
             let mut c = id;
             if let Some(p) = self.blocks[c]
@@ -103,6 +104,7 @@ impl State {
             size,
             stream: req.stream,
             small: req.small,
+            pool: req.pool,
             head: placeholder(),
             expandable: Some(es),
         });
@@ -110,12 +112,9 @@ impl State {
         b.mapped = false;
         let id = self.blocks.insert(b);
         self.segments[segment].head = id;
-        let pool = if req.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.insert_unmapped(id, &self.blocks[id]);
+        self.pools[req.pool as usize]
+            .of_mut(req.small)
+            .insert_unmapped(id, &self.blocks[id]);
         Ok(Some(id))
     }
 
@@ -154,12 +153,9 @@ impl State {
         else {
             return Ok(false);
         };
-        let pool = if b.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.remove_unmapped(&b);
+        self.pools[b.pool as usize]
+            .of_mut(b.small)
+            .remove_unmapped(&b);
         self.blocks[id].mapped = true;
         if mapped < b.size {
             let rest = Block {
@@ -176,12 +172,9 @@ impl State {
             }
             self.blocks[id].next = Some(rest_id);
             self.blocks[id].size = mapped;
-            let pool = if b.small {
-                &mut self.small
-            } else {
-                &mut self.large
-            };
-            pool.insert_unmapped(rest_id, &self.blocks[rest_id]);
+            self.pools[b.pool as usize]
+                .of_mut(b.small)
+                .insert_unmapped(rest_id, &self.blocks[rest_id]);
         }
         let (prev, next) = (self.blocks[id].prev, self.blocks[id].next);
         self.try_merge(id, prev);
@@ -206,6 +199,7 @@ fn new_block(
         size,
         requested: 0,
         small: req.small,
+        pool: req.pool,
         allocated: false,
         mapped: true,
         prev: None,

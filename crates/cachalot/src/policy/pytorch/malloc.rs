@@ -3,6 +3,7 @@
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
 use crate::error::{check_request, Error, OomReport, Result};
+use crate::private_pool::PoolOptions;
 
 use super::block::BlockId;
 use super::placement::{allocation_size, is_small};
@@ -18,43 +19,62 @@ impl State {
             return Ok(0);
         }
         check_request(size)?;
-        self.process_events()?;
+        if !self.book.routing() {
+            self.process_events()?;
+        }
         let rounded = self.placement.round_size(size);
+        let (pool, options) = self.route(stream);
         let req = Request {
             size: rounded,
             requested: size,
             small: is_small(rounded),
             stream,
             alloc_size: allocation_size(rounded),
+            pool,
         };
         let found = match self.get_free_block(&req) {
-            Some(id) => Some(id),
-            None => self.obtain(&req)?,
+            Some(id) => Some((id, options)),
+            None => self.obtain(&req, options)?,
         };
-        let Some(id) = found else {
+        let Some((id, options)) = found else {
             return Err(self.out_of_memory(&req));
         };
-        let split = self
-            .placement
-            .should_split(req.small, self.blocks[id].size, req.size);
+        let split = !options.no_split
+            && self
+                .placement
+                .should_split(req.small, self.blocks[id].size, req.size);
         Ok(self.alloc_found_block(id, &req, split))
     }
 
-    /// The retry chain after a cache miss.
-    fn obtain(&mut self, req: &Request) -> Result<Option<BlockId>> {
+    /// The retry chain after a cache miss: the block found and the options of
+    /// the pool it came from. The last step (release every cached segment)
+    /// is skipped while a route is open, as PyTorch skips it during a capture.
+    fn obtain(
+        &mut self,
+        req: &Request,
+        options: PoolOptions,
+    ) -> Result<Option<(BlockId, PoolOptions)>> {
         if self.gc_enabled() {
             self.garbage_collect()?;
         }
         if let Some(id) = self.alloc_block(req, false)? {
-            return Ok(Some(id));
+            return Ok(Some((id, options)));
+        }
+        if req.pool == 0 {
+            if let Some(found) = self.borrow_for_oom(req) {
+                return Ok(Some(found));
+            }
         }
         if self.release_available_cached_blocks(req)? {
             if let Some(id) = self.alloc_block(req, false)? {
-                return Ok(Some(id));
+                return Ok(Some((id, options)));
             }
         }
+        if self.book.routing() {
+            return Ok(None);
+        }
         self.release_cached_blocks()?;
-        self.alloc_block(req, true)
+        Ok(self.alloc_block(req, true)?.map(|id| (id, options)))
     }
 
     /// Counts and reports an out-of-memory failure.

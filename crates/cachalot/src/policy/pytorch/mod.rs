@@ -28,6 +28,7 @@ mod malloc;
 mod order;
 mod placement;
 mod pool;
+mod private;
 mod release;
 mod snapshot;
 mod state;
@@ -41,6 +42,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
+use crate::private_pool::{PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -151,6 +153,38 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn snapshot(&self) -> MemorySnapshot {
         self.lock().snapshot()
+    }
+
+    fn create_pool(&self, id: PoolId) -> Result<()> {
+        self.lock().create_or_incref_pool(id).map(|_| ())
+    }
+
+    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
+        self.lock().book.set_options(id, options)
+    }
+
+    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
+        self.lock().begin_allocate_to_pool(id, filter)
+    }
+
+    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()> {
+        self.lock().end_allocate_to_pool(id)
+    }
+
+    fn release_pool(&self, id: PoolId) -> Result<()> {
+        self.lock().release_pool(id)
+    }
+
+    fn pool_use_count(&self, id: PoolId) -> u32 {
+        self.lock().book.get(id).map_or(0, |r| r.use_count)
+    }
+
+    fn empty_pool_cache(&self, id: PoolId) -> Result<()> {
+        self.lock().empty_pool_cache(id)
+    }
+
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+        self.lock().pool_allocations(id)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

@@ -1,5 +1,6 @@
 //! Pools of cached free blocks, ordered for best fit by (stream, size, address)
-//! as in PyTorch, and the address-ordered set of unmapped stretches.
+//! as in PyTorch, and the address-ordered set of unmapped stretches; a pair of
+//! them (small and large) for the default pools and for each private pool.
 
 use std::collections::BTreeMap;
 
@@ -150,6 +151,51 @@ impl BlockPool {
             .range((stream, 0)..)
             .take_while(move |(k, _)| k.0 == stream)
             .map(|(_, id)| *id)
+    }
+}
+
+/// The small and the large pool of the default pools or of one private pool.
+#[derive(Debug)]
+pub(crate) struct PoolPair {
+    /// Cached blocks of 1 MiB or less.
+    pub(crate) small: BlockPool,
+    /// Cached larger blocks.
+    pub(crate) large: BlockPool,
+}
+
+impl Default for PoolPair {
+    fn default() -> Self {
+        PoolPair {
+            small: BlockPool::new(true),
+            large: BlockPool::new(false),
+        }
+    }
+}
+
+impl PoolPair {
+    /// The small or the large pool.
+    pub(crate) fn of(&self, small: bool) -> &BlockPool {
+        if small {
+            &self.small
+        } else {
+            &self.large
+        }
+    }
+
+    /// The small or the large pool, to change.
+    pub(crate) fn of_mut(&mut self, small: bool) -> &mut BlockPool {
+        if small {
+            &mut self.small
+        } else {
+            &mut self.large
+        }
+    }
+
+    /// Whether neither pool holds a block.
+    pub(crate) fn is_empty(&self) -> bool {
+        [&self.small, &self.large]
+            .iter()
+            .all(|p| p.blocks.len() == 0 && p.unmapped.is_empty())
     }
 }
 

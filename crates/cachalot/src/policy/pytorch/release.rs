@@ -78,12 +78,9 @@ impl State {
         let (prev, next) = (blk.prev, blk.next);
         self.try_merge(id, prev);
         self.try_merge(id, next);
-        let pool = if b.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.insert_unmapped(id, &self.blocks[id]);
+        self.pools[b.pool as usize]
+            .of_mut(b.small)
+            .insert_unmapped(id, &self.blocks[id]);
     }
 
     /// Releases an expandable segment that is one unmapped block `id`.
@@ -91,12 +88,9 @@ impl State {
         let Some(b) = self.blocks.remove(id) else {
             return Ok(());
         };
-        let pool = if b.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.remove_unmapped(&b);
+        self.pools[b.pool as usize]
+            .of_mut(b.small)
+            .remove_unmapped(&b);
         if let Some(seg) = self.segments.remove(b.segment) {
             if let Err(e) = self.backend.release_range(seg.base, seg.size) {
                 self.orphan_ranges.push((seg.base, seg.size));
@@ -106,10 +100,10 @@ impl State {
         Ok(())
     }
 
-    /// Frees every unsplit cached segment of a pool and unmaps every free page of
-    /// its expandable segments.
-    pub(crate) fn release_blocks(&mut self, small: bool) -> Result<()> {
-        let pool = if small { &self.small } else { &self.large };
+    /// Frees every unsplit cached segment of a pool (of the pool pair in
+    /// `slot`) and unmaps every free page of its expandable segments.
+    pub(crate) fn release_blocks(&mut self, slot: u32, small: bool) -> Result<()> {
+        let pool = self.pools[slot as usize].of(small);
         let cached: Vec<BlockId> = pool.blocks.values().collect();
         let mut to_unmap = Vec::new();
         for id in cached {
@@ -137,11 +131,12 @@ impl State {
     }
 
     /// `empty_cache`: waits for every outstanding event, then releases every
-    /// cached segment and free page of both pools.
+    /// cached segment and free page of the default pools and of every freeable
+    /// private pool.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<()> {
         self.synchronize_and_free_events()?;
-        self.release_blocks(false)?;
-        self.release_blocks(true)?;
+        self.release_pool_blocks(0)?;
+        self.release_freeable_pools()?;
         self.retry_orphans();
         Ok(())
     }
@@ -163,7 +158,7 @@ impl State {
             return Ok(false);
         }
         let key = req.size.max(limit);
-        let pool = if req.small { &self.small } else { &self.large };
+        let pool = self.pools[req.pool as usize].of(req.small);
         let single = pool.fits(req.stream, key).next().map(|(_, id)| id);
         if let Some(id) = single.filter(|id| !self.blocks[*id].expandable) {
             self.release_block(id)?;
@@ -199,10 +194,10 @@ impl State {
             return Ok(());
         }
         let target = reserved - threshold;
-        let clock = self.large.lookups;
+        let clock = self.pools[0].large.lookups;
         let age = |b: &Block| (clock - b.gc_base) as u64;
         let (mut total_age, mut count) = (0u64, 0u64);
-        for id in self.large.blocks.values() {
+        for id in self.pools[0].large.blocks.values() {
             let b = &self.blocks[id];
             if !b.is_split() {
                 total_age += age(b);
@@ -213,7 +208,7 @@ impl State {
         while reclaimed < target && freed && count > 0 {
             let threshold_age = total_age as f64 / count as f64;
             freed = false;
-            let cached: Vec<BlockId> = self.large.blocks.values().collect();
+            let cached: Vec<BlockId> = self.pools[0].large.blocks.values().collect();
             for id in cached {
                 let b = &self.blocks[id];
                 let a = age(b);

@@ -1,6 +1,7 @@
 //! Snapshots: one entry per plain segment, and one per contiguous mapped range of
 //! an expandable segment, as PyTorch reports them.
 
+use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo};
 
 use super::block::{Block, Segment};
@@ -11,11 +12,12 @@ impl State {
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
         let mut segments = Vec::new();
         for (_, seg) in self.segments.iter() {
+            let pool_id = self.book.id_of(seg.pool);
             let mut open: Option<SegmentInfo> = None;
             let mut cur = Some(seg.head);
             while let Some(b) = cur.and_then(|id| self.blocks.get(id)) {
                 if b.mapped {
-                    open.get_or_insert_with(|| empty_segment(self.device, seg, b))
+                    open.get_or_insert_with(|| empty_segment(self.device, seg, b, pool_id))
                         .blocks
                         .push(block_info(b));
                 } else if let Some(done) = open.take() {
@@ -33,7 +35,7 @@ impl State {
     }
 }
 
-fn empty_segment(device: usize, seg: &Segment, first: &Block) -> SegmentInfo {
+fn empty_segment(device: usize, seg: &Segment, first: &Block, pool_id: PoolId) -> SegmentInfo {
     SegmentInfo {
         device,
         address: first.addr,
@@ -41,6 +43,7 @@ fn empty_segment(device: usize, seg: &Segment, first: &Block) -> SegmentInfo {
         stream: seg.stream,
         is_small: seg.small,
         is_expandable: seg.expandable.is_some(),
+        pool_id,
         blocks: Vec::new(),
     }
 }

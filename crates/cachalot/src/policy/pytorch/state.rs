@@ -12,7 +12,8 @@ use super::block::{BlockId, Blocks, PendingEvent, SegmentId, Segments};
 use super::expandable::Orphan;
 use super::ledger::Ledger;
 use super::placement::Placement;
-use super::pool::BlockPool;
+use super::pool::PoolPair;
+use crate::private_pool::PoolBook;
 
 /// One request, after rounding.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +28,8 @@ pub(crate) struct Request {
     pub(crate) stream: StreamId,
     /// The size of a new segment for it.
     pub(crate) alloc_size: u64,
+    /// The private pool it goes to (0: the default pools).
+    pub(crate) pool: u32,
 }
 
 /// Everything behind the allocator's lock.
@@ -49,10 +52,15 @@ pub(crate) struct State {
     pub(crate) blocks: Blocks,
     /// All segments.
     pub(crate) segments: Segments,
-    /// Cached blocks of 1 MiB or less.
-    pub(crate) small: BlockPool,
-    /// Cached larger blocks.
-    pub(crate) large: BlockPool,
+    /// The cached blocks of each pool pair by slot: the default pools at 0,
+    /// then private pools (an unused slot is an empty pair).
+    pub(crate) pools: Vec<PoolPair>,
+    /// Private pools: routes, use counts, options.
+    pub(crate) book: PoolBook,
+    /// Blocks freed after `record_stream` while a route was open: their events
+    /// are recorded once no route is open (PyTorch queries no event during a
+    /// capture).
+    pub(crate) deferred: Vec<BlockId>,
     /// Allocated blocks by address.
     pub(crate) allocated: AddrMap<BlockId>,
     /// Outstanding cross-stream events, per stream, oldest first.
@@ -93,8 +101,9 @@ impl State {
             config_source: config.source.clone(),
             blocks: Blocks::default(),
             segments: Segments::default(),
-            small: BlockPool::new(true),
-            large: BlockPool::new(false),
+            pools: vec![PoolPair::default()],
+            book: PoolBook::default(),
+            deferred: Vec::new(),
             allocated: AddrMap::default(),
             pending: BTreeMap::new(),
             spare_events: Vec::new(),
@@ -124,23 +133,13 @@ impl State {
     /// Puts a free mapped block into its pool.
     pub(crate) fn cache(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
-        let pool = if b.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.insert(id, b);
+        self.pools[b.pool as usize].of_mut(b.small).insert(id, b);
     }
 
     /// Takes a block out of its pool.
     pub(crate) fn uncache(&mut self, id: BlockId) {
         let b = &self.blocks[id];
-        let pool = if b.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
-        pool.remove(b);
+        self.pools[b.pool as usize].of_mut(b.small).remove(b);
     }
 
     /// Links `id` after `prev` (or as its segment's head).
@@ -159,11 +158,7 @@ impl State {
         if !s.is_reusable() || s.mapped != d.mapped {
             return 0;
         }
-        let pool = if s.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
+        let pool = self.pools[s.pool as usize].of_mut(s.small);
         if s.mapped {
             pool.remove(s);
         } else {
@@ -191,11 +186,7 @@ impl State {
     /// oversize rules allow it.
     pub(crate) fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
         let gc = self.gc_enabled();
-        let pool = if req.small {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
+        let pool = self.pools[req.pool as usize].of_mut(req.small);
         if gc {
             pool.lookups += 1;
         }

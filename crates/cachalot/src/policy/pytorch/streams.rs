@@ -47,6 +47,12 @@ impl State {
         let Some(id) = self.allocated.remove(&ptr) else {
             return Err(self.invalid_free(ptr));
         };
+        if self.book.routing() && !self.blocks[id].stream_uses.is_empty() {
+            self.blocks[id].allocated = false;
+            self.ledger.free_requested(&self.blocks[id]);
+            self.deferred.push(id);
+            return Ok(());
+        }
         let events = if self.blocks[id].stream_uses.is_empty() {
             Vec::new()
         } else {
@@ -60,11 +66,18 @@ impl State {
                 }
             }
         };
+        self.blocks[id].allocated = false;
+        self.ledger.free_requested(&self.blocks[id]);
+        self.await_events(id, events);
+        Ok(())
+    }
+
+    /// Makes freed block `id` wait for `events` (or returns it to its pool when
+    /// there are none).
+    fn await_events(&mut self, id: BlockId, events: Vec<(StreamId, EventId)>) {
         let b = &mut self.blocks[id];
-        b.allocated = false;
         b.stream_uses.clear();
         b.event_count = events.len() as u32;
-        self.ledger.free_requested(&self.blocks[id]);
         if events.is_empty() {
             self.free_block(id);
         }
@@ -73,6 +86,16 @@ impl State {
                 .entry(stream)
                 .or_default()
                 .push_back(PendingEvent { event, block: id });
+        }
+    }
+
+    /// Records the events of the blocks freed while a route was open.
+    fn insert_deferred_events(&mut self) -> Result<()> {
+        while let Some(&id) = self.deferred.first() {
+            let uses = self.blocks[id].stream_uses.clone();
+            let events = self.record_events(&uses)?;
+            self.deferred.remove(0);
+            self.await_events(id, events);
         }
         Ok(())
     }
@@ -104,6 +127,9 @@ impl State {
 
     /// Reclaims blocks whose events have all completed (non-blocking).
     pub(crate) fn process_events(&mut self) -> Result<()> {
+        if !self.deferred.is_empty() {
+            self.insert_deferred_events()?;
+        }
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -123,6 +149,9 @@ impl State {
     /// Waits for every outstanding event and reclaims the blocks.
     pub(crate) fn synchronize_and_free_events(&mut self) -> Result<()> {
         self.ledger.synced_all();
+        if !self.book.routing() {
+            self.insert_deferred_events()?;
+        }
         let streams: Vec<StreamId> = self.pending.keys().copied().collect();
         for s in streams {
             while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {

@@ -50,7 +50,7 @@ impl State {
                 b.addr
             );
             ensure_invariant!(
-                b.stream == seg.stream && b.small == seg.small,
+                b.stream == seg.stream && b.small == seg.small && b.pool == seg.pool,
                 "block {id:?} disagrees with its segment"
             );
             ensure_invariant!(
@@ -94,14 +94,16 @@ impl State {
 
     /// Checks that the pools hold exactly the free blocks, under the right keys.
     fn validate_pools(&self) -> Check {
-        for pool in [&self.small, &self.large] {
+        self.validate_private_pools()?;
+        let pairs = self.pools.iter().enumerate();
+        for (slot, pool) in pairs.flat_map(|(s, p)| [(s, &p.small), (s, &p.large)]) {
             for (key, id) in pool.blocks.iter() {
                 let b = self
                     .blocks
                     .get(id)
                     .ok_or_else(|| InvariantViolation(format!("pool holds stale {id:?}")))?;
                 ensure_invariant!(
-                    key == BlockPool::key(b) && b.small == pool.small,
+                    key == BlockPool::key(b) && b.small == pool.small && b.pool as usize == slot,
                     "pool key of {id:?} is wrong"
                 );
                 ensure_invariant!(
@@ -115,7 +117,7 @@ impl State {
                     .get(*id)
                     .ok_or_else(|| InvariantViolation(format!("pool holds stale {id:?}")))?;
                 ensure_invariant!(
-                    b.stream == *stream && b.addr == *addr && !b.mapped,
+                    b.stream == *stream && b.addr == *addr && !b.mapped && b.pool as usize == slot,
                     "unmapped entry {id:?} is wrong"
                 );
                 ensure_invariant!(b.is_reusable(), "unmapped block {id:?} is in use");
@@ -126,17 +128,66 @@ impl State {
             .iter()
             .filter(|(_, b)| b.is_reusable() && b.mapped)
             .count();
-        let listed = self.small.blocks.len() + self.large.blocks.len();
+        let listed: usize = self
+            .pools
+            .iter()
+            .map(|p| p.small.blocks.len() + p.large.blocks.len())
+            .sum();
         ensure_invariant!(
             cached == listed,
             "{cached} free blocks but {listed} in the pools"
         );
         let unmapped = self.blocks.iter().filter(|(_, b)| !b.mapped).count();
-        let listed = self.small.unmapped.len() + self.large.unmapped.len();
+        let listed: usize = self
+            .pools
+            .iter()
+            .map(|p| p.small.unmapped.len() + p.large.unmapped.len())
+            .sum();
         ensure_invariant!(
             unmapped == listed,
             "{unmapped} unmapped blocks but {listed} listed"
         );
+        Ok(())
+    }
+
+    /// Checks that every private pool has a pair of pools and every block a
+    /// known pool, and that a freeable pool with no segment was forgotten.
+    fn validate_private_pools(&self) -> Check {
+        let mut slots = vec![false; self.pools.len()];
+        slots[0] = true;
+        for (id, r) in self.book.iter() {
+            let slot = r.slot as usize;
+            ensure_invariant!(
+                slot < self.pools.len() && !slots[slot],
+                "private pool {id} has a bad slot {slot}"
+            );
+            slots[slot] = true;
+            let holds = self.segments.iter().any(|(_, s)| s.pool == r.slot);
+            ensure_invariant!(
+                r.use_count > 0 || holds,
+                "private pool {id} is freeable and empty but was not forgotten"
+            );
+        }
+        for (slot, pair) in self.pools.iter().enumerate() {
+            ensure_invariant!(
+                slots[slot] || pair.is_empty(),
+                "unused pool slot {slot} holds blocks"
+            );
+        }
+        for (_, seg) in self.segments.iter() {
+            ensure_invariant!(
+                slots.get(seg.pool as usize).copied().unwrap_or(false),
+                "segment at {:#x} belongs to no pool",
+                seg.base
+            );
+        }
+        for id in &self.deferred {
+            let b = self.blocks.get(*id);
+            ensure_invariant!(
+                b.is_some_and(|b| !b.allocated && b.event_count == 0 && !b.stream_uses.is_empty()),
+                "deferred block {id:?} is not a freed block awaiting its events"
+            );
+        }
         Ok(())
     }
 

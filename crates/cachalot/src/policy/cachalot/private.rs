@@ -1,0 +1,119 @@
+//! Private pools: each is a set of *lanes*, one per stream that allocated into
+//! it, each lane a stream state of its own (its own reserved ranges over the
+//! device's shared page supply). A lane never re-maps its pages: a CUDA graph
+//! replays at the addresses it captured, freed blocks included. Its cached
+//! memory goes back only once the pool is freeable.
+//!
+//! Locks: the pool book is taken before any stream's lock, never after.
+
+use std::collections::HashSet;
+use std::sync::MutexGuard;
+
+use crate::backend::{DevicePtr, StreamId};
+use crate::error::Result;
+use crate::private_pool::{PoolBook, PoolId};
+use crate::snapshot::BlockState;
+
+use super::pool::ROUNDING;
+use super::CachalotAllocator;
+
+/// What a `no_split` pool rounds requests to without virtual memory: the
+/// small pool's segment size, so each allocation has segments of its own.
+const NO_SPLIT_UNIT: u64 = 2 << 20;
+
+impl CachalotAllocator {
+    /// The pool book, locked.
+    pub(super) fn book(&self) -> MutexGuard<'_, PoolBook> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool slot a request on `stream` goes to, and the unit its size is
+    /// rounded to: a page (at least 2 MiB) in a `no_split` pool, so that no
+    /// two allocations share a page.
+    pub(super) fn route(&self, stream: StreamId) -> (u32, u64) {
+        match self.book().route(stream) {
+            Some(r) if r.options.no_split => (r.slot, self.pages.granularity().max(NO_SPLIT_UNIT)),
+            Some(r) => (r.slot, ROUNDING),
+            None => (0, ROUNDING),
+        }
+    }
+
+    /// Slots of the private pools some graph or `MemPool` still holds.
+    pub(super) fn live_pool_slots(&self) -> HashSet<u32> {
+        self.book()
+            .iter()
+            .filter(|(_, r)| r.use_count > 0)
+            .map(|(_, r)| r.slot)
+            .collect()
+    }
+
+    /// Forgets every freeable private pool whose lanes hold no memory.
+    pub(super) fn forget_empty_freeable_pools(&self) {
+        let mut book = self.book();
+        for id in book.freeable() {
+            let Some(r) = book.get(id) else { continue };
+            let holds = self
+                .streams
+                .iter()
+                .filter(|e| e.pool == r.slot)
+                .any(|e| e.lock().reserved() > 0);
+            if !holds {
+                book.forget(id);
+            }
+        }
+    }
+
+    /// After a default lane of `stream` ran out of memory: the request served
+    /// by the lane of `stream` of a pool that lends on out-of-memory, if any
+    /// has room.
+    pub(super) fn borrow_for_oom(
+        &self,
+        stream: StreamId,
+        rounded: u64,
+        size: u64,
+    ) -> Result<Option<DevicePtr>> {
+        let lenders = self.book().use_on_oom();
+        for r in lenders {
+            let Some(entry) = self.streams.get(stream, r.slot) else {
+                continue;
+            };
+            match self.journaled(entry, |st| st.malloc(&self.pages, rounded, size)) {
+                Ok(ptr) => return Ok(Some(ptr)),
+                Err(e) if e.is_out_of_memory() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Returns private pool `id`'s cached memory to the device (nothing while
+    /// quiet), and forgets the pool when it is freeable and empty.
+    pub(super) fn empty_private_pool(&self, id: PoolId) -> Result<()> {
+        let slot = self.book().require(id)?.slot;
+        if self.pages.quiet() {
+            return Ok(());
+        }
+        for entry in self.streams.iter().filter(|e| e.pool == slot) {
+            self.journaled(entry, |st| st.empty_cache(&self.pages))?;
+        }
+        self.forget_empty_freeable_pools();
+        Ok(self.pages.retry_orphans()?)
+    }
+
+    /// The live allocations of private pool `id`, ascending.
+    pub(super) fn private_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+        let slot = self.book().require(id)?.slot;
+        let device = self.backend.capabilities().device;
+        let mut ptrs: Vec<DevicePtr> = self
+            .streams
+            .iter()
+            .filter(|e| e.pool == slot)
+            .flat_map(|e| e.lock().snapshot(device))
+            .flat_map(|s| s.blocks)
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.address)
+            .collect();
+        ptrs.sort_unstable();
+        Ok(ptrs)
+    }
+}

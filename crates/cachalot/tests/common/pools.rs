@@ -1,0 +1,209 @@
+//! Conformance checks of private pools (CUDA graph pools, `MemPool`), each a
+//! function of a fresh allocator.
+
+use std::sync::Arc;
+
+use cachalot::private_pool::{PoolId, PoolOptions, RouteFilter};
+use cachalot::snapshot::BlockState;
+use cachalot::{DeviceAllocator, Error, StreamId};
+
+const MIB: u64 = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+const S1: StreamId = StreamId(11);
+const GRAPH: PoolId = PoolId(1, 0);
+const MEMPOOL: PoolId = PoolId(0, 1);
+
+fn valid(a: &dyn DeviceAllocator) {
+    if let Err(e) = a.validate() {
+        panic!("{e}");
+    }
+}
+
+fn only(stream: StreamId) -> RouteFilter {
+    Arc::new(move |s| s == stream)
+}
+
+/// The pool id of the segment holding `ptr`.
+fn pool_of(a: &dyn DeviceAllocator, ptr: u64) -> PoolId {
+    a.snapshot()
+        .segments
+        .iter()
+        .find(|s| s.address <= ptr && ptr < s.address + s.total_size)
+        .map(|s| s.pool_id)
+        .expect("a live allocation lies in a segment")
+}
+
+/// A route sends only the streams its filter accepts to the pool; the pool's
+/// freed blocks serve neither the default pools nor another pool, and its
+/// memory outlives `empty_cache` until the last use is released.
+pub fn private_pool_serves_only_its_routes(a: &dyn DeviceAllocator) {
+    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
+    let in_pool = a.malloc(30 * MIB, S1).unwrap();
+    let small_in_pool = a.malloc(1000, S1).unwrap();
+    let outside = a.malloc(30 * MIB, S0).unwrap();
+    valid(a);
+    assert_eq!(pool_of(a, in_pool), GRAPH);
+    assert_eq!(pool_of(a, small_in_pool), GRAPH);
+    assert_eq!(pool_of(a, outside), PoolId::DEFAULT);
+    assert_eq!(a.pool_allocations(GRAPH).unwrap(), {
+        let mut v = vec![in_pool, small_in_pool];
+        v.sort_unstable();
+        v
+    });
+    a.free(in_pool).unwrap();
+    a.free(small_in_pool).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    assert!(a.pool_allocations(GRAPH).unwrap().is_empty());
+    // The pool's cached block is not the default pools' to take.
+    let after = a.malloc(30 * MIB, S1).unwrap();
+    assert_eq!(pool_of(a, after), PoolId::DEFAULT);
+    a.free(after).unwrap();
+    a.free(outside).unwrap();
+    a.empty_cache().unwrap();
+    valid(a);
+    let kept = a.memory_reserved();
+    assert!(
+        kept >= 30 * MIB,
+        "the graph's pool keeps its memory: {kept}"
+    );
+    assert!(a.snapshot().segments.iter().all(|s| s.pool_id == GRAPH));
+    assert_eq!(a.pool_use_count(GRAPH), 1);
+    a.release_pool(GRAPH).unwrap();
+    assert_eq!(a.pool_use_count(GRAPH), 0);
+    a.empty_cache().unwrap();
+    valid(a);
+    assert_eq!(a.memory_reserved(), 0);
+    assert!(a.snapshot().segments.is_empty());
+    assert!(
+        a.release_pool(GRAPH).is_err(),
+        "a forgotten pool cannot be released"
+    );
+}
+
+/// Use counts: each creation, share and route adds a use, each release takes
+/// one; misuse is a typed error that changes nothing.
+pub fn pool_use_counts_and_misuse(a: &dyn DeviceAllocator) {
+    assert!(matches!(
+        a.create_pool(PoolId::DEFAULT),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.end_allocate_to_pool(MEMPOOL),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.release_pool(MEMPOOL),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(a.pool_allocations(MEMPOOL).is_err());
+    assert!(a.empty_pool_cache(MEMPOOL).is_err());
+    assert_eq!(a.pool_use_count(MEMPOOL), 0);
+    a.create_pool(MEMPOOL).unwrap();
+    assert_eq!(a.pool_use_count(MEMPOOL), 1);
+    a.begin_allocate_to_pool(MEMPOOL, Arc::new(|_| true))
+        .unwrap();
+    assert_eq!(a.pool_use_count(MEMPOOL), 2);
+    let p = a.malloc(3 * MIB, S0).unwrap();
+    a.end_allocate_to_pool(MEMPOOL).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    assert_eq!(a.pool_use_count(MEMPOOL), 1);
+    a.release_pool(MEMPOOL).unwrap();
+    assert_eq!(a.pool_use_count(MEMPOOL), 0);
+    // Freeable, but a live allocation keeps it.
+    a.empty_cache().unwrap();
+    assert_eq!(pool_of(a, p), MEMPOOL);
+    valid(a);
+    a.free(p).unwrap();
+    a.empty_pool_cache(MEMPOOL).unwrap();
+    valid(a);
+    assert_eq!(a.memory_reserved(), 0);
+    assert_eq!(a.pool_use_count(MEMPOOL), 0);
+    assert!(a.release_pool(MEMPOOL).is_err());
+}
+
+/// A block used on another stream and freed while a route is open stays
+/// active until the route closes and the next allocation (or `empty_cache`)
+/// completes it.
+pub fn frees_during_capture_wait_for_its_end(a: &dyn DeviceAllocator) {
+    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
+    let p = a.malloc(4 * MIB, S1).unwrap();
+    a.record_stream(p, S0).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(4 * MIB, S1).unwrap();
+    assert_ne!(q, p, "a block awaiting its streams is not reused");
+    assert!(a.stats().active_bytes.all.current >= 8 * MIB as i64);
+    valid(a);
+    a.free(q).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    a.empty_cache().unwrap();
+    valid(a);
+    assert_eq!(a.stats().active_bytes.all.current, 0);
+    a.release_pool(GRAPH).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    valid(a);
+}
+
+/// `use_on_oom`: when the default pools have no room, a request takes a free
+/// block of such a pool; without the option it runs out of memory.
+pub fn use_on_oom_pools_lend_free_blocks(a: &dyn DeviceAllocator) {
+    let total = a.backend().capabilities().total_memory;
+    a.create_pool(MEMPOOL).unwrap();
+    a.begin_allocate_to_pool(MEMPOOL, Arc::new(|_| true))
+        .unwrap();
+    let p = a.malloc(40 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    a.end_allocate_to_pool(MEMPOOL).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    a.set_memory_fraction((a.memory_reserved() + 10 * MIB) as f64 / total as f64)
+        .unwrap();
+    assert!(matches!(a.malloc(30 * MIB, S0), Err(Error::OutOfMemory(_))));
+    valid(a);
+    let lend = PoolOptions {
+        use_on_oom: true,
+        no_split: false,
+    };
+    a.set_pool_options(MEMPOOL, lend).unwrap();
+    let q = a.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(pool_of(a, q), MEMPOOL, "borrowed from the pool");
+    valid(a);
+    a.free(q).unwrap();
+    a.set_memory_fraction(1.0).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    valid(a);
+}
+
+/// `no_split`: no two allocations of the pool share a segment's page.
+pub fn no_split_pools_keep_allocations_apart(a: &dyn DeviceAllocator) {
+    a.create_pool(MEMPOOL).unwrap();
+    let apart = PoolOptions {
+        use_on_oom: false,
+        no_split: true,
+    };
+    a.set_pool_options(MEMPOOL, apart).unwrap();
+    a.begin_allocate_to_pool(MEMPOOL, Arc::new(|_| true))
+        .unwrap();
+    let ptrs: Vec<u64> = (0..3).map(|_| a.malloc(1000, S0).unwrap()).collect();
+    valid(a);
+    for (i, p) in ptrs.iter().enumerate() {
+        for q in &ptrs[i + 1..] {
+            assert!(p.abs_diff(*q) >= 2 * MIB, "{p:#x} and {q:#x} share a page");
+        }
+    }
+    let snapshot = a.snapshot();
+    let blocks = snapshot.segments.iter().flat_map(|s| &s.blocks);
+    assert!(blocks
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .all(|b| b.size >= 2 * MIB));
+    for p in ptrs {
+        a.free(p).unwrap();
+    }
+    a.end_allocate_to_pool(MEMPOOL).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    valid(a);
+}
