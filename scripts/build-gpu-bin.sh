@@ -59,7 +59,8 @@ elif ! python3 -m pip download -q --no-deps --only-binary=:all: --python-version
     "librmm-cu13==$rmm_version" "rapids-logger==$rapids_logger_version"; then
   echo "note: could not fetch the RMM wheels; the native bench will skip the rmm contenders" >&2
 fi
-cp scripts/gpu/* scripts/trace-to-ops.py "$dest/scripts/"
+find scripts/gpu -maxdepth 1 -type f -exec cp {} "$dest/scripts/" \;
+cp scripts/trace-to-ops.py "$dest/scripts/"
 cp scripts/gpu.sh "$dest/gpu.sh"
 du -sh "$dest"
 ls -l "$dest" "$dest/tests"

@@ -152,12 +152,6 @@ def test_torch_compile_default(torch_gpu):
     torch.testing.assert_close(compiled(x), expected)
 
 
-def test_private_pools_say_what_is_missing(torch_gpu):
-    torch = torch_gpu
-    with pytest.raises(RuntimeError, match="cachalot does not support"):
-        torch.cuda.MemPool()
-
-
 def test_ipc_says_what_is_missing(torch_gpu):
     torch = torch_gpu
     x = torch.ones(16, device="cuda")

@@ -49,7 +49,7 @@ pub struct OomInfo {
 }
 
 /// Runs `body` at the C boundary: the status, with `*message` set on failure.
-fn reply(message: *mut *mut c_char, body: impl FnOnce() -> PluginResult<()>) -> c_int {
+pub(crate) fn reply(message: *mut *mut c_char, body: impl FnOnce() -> PluginResult<()>) -> c_int {
     let mut failure = None;
     let status = guard(ERROR, || match body() {
         Ok(()) => Ok(OK),
@@ -80,7 +80,7 @@ fn is_oom(error: &PluginError) -> bool {
 }
 
 /// Writes through `out` when the caller gave somewhere to write.
-fn put<T>(out: *mut T, value: T) {
+pub(crate) fn put<T>(out: *mut T, value: T) {
     if !out.is_null() {
         // SAFETY: `out` is non-null and, by every caller's contract, points to a
         // writable `T`.
@@ -372,6 +372,9 @@ pub struct SegmentRow {
     pub first_block: usize,
     /// How many blocks it has.
     pub block_count: usize,
+    /// The private pool it belongs to (`segment_pool_id`; 0, 0 for the
+    /// default pools).
+    pub pool_id: [u64; 2],
 }
 
 /// One block of a [`Snapshot`].

@@ -40,6 +40,7 @@ pub mod dropin;
 pub mod error;
 pub mod ffi;
 pub mod guard;
+pub mod pools;
 pub mod registry;
 pub mod report;
 pub mod streams;

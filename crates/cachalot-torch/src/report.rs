@@ -94,6 +94,7 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
                 is_expandable: u8::from(segment.is_expandable),
                 first_block: blocks.len(),
                 block_count: segment.blocks.len(),
+                pool_id: [segment.pool_id.0, segment.pool_id.1],
             });
             blocks.extend(segment.blocks.iter().map(|b| BlockRow {
                 address: b.address,

@@ -12,7 +12,7 @@ use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
-use crate::private_pool::{PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -99,6 +99,12 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
     fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
 
+    /// Private pool `id`'s options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn pool_options(&self, id: PoolId) -> Result<PoolOptions>;
+
     /// Sends the requests whose stream `filter` accepts to private pool `id`
     /// (created, or given one more use) until [`DeviceAllocator::end_allocate_to_pool`].
     /// While any route is open, cross-stream frees wait and the cache is not
@@ -129,18 +135,32 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// Private pool `id`'s use count (0 for a pool this device does not know).
     fn pool_use_count(&self, id: PoolId) -> u32;
 
-    /// Returns private pool `id`'s cached memory to the device.
+    /// Returns private pool `id`'s cached memory to the device if the pool is
+    /// freeable (PyTorch's `emptyCache(pool)`); a pool in use keeps it.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
     /// pool; [`Error::Backend`](crate::Error::Backend) when the device fails.
     fn empty_pool_cache(&self, id: PoolId) -> Result<()>;
 
-    /// The addresses of private pool `id`'s live allocations, ascending.
+    /// Private pool `id`'s live allocations, by address.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
-    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>>;
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>>;
+
+    /// Puts private pool `id` back as a checkpoint found it: frees every live
+    /// allocation of the pool, then allocates each of `live` again at its
+    /// address (PyTorch's `setCheckpointPoolState`). Returns the addresses
+    /// freed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool, or when an allocation of `live` is not free memory of the pool
+    /// once its allocations are freed (the frees stay done);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a policy that
+    /// cannot restore a checkpoint.
+    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
 
     /// Checks every invariant (walks all state).
     ///

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::StreamId;
+use crate::backend::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
 
 /// A private pool's name: PyTorch's `MempoolId_t`, a pair of integers. CUDA
@@ -59,6 +59,20 @@ pub struct PoolOptions {
     pub use_on_oom: bool,
     /// Blocks of this pool are never split (`no_split`).
     pub no_split: bool,
+}
+
+/// A live allocation of a private pool: what a checkpoint of the pool holds
+/// (cudagraph trees checkpoint a pool after each recording and may restore it).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolAllocation {
+    /// Its address.
+    pub ptr: DevicePtr,
+    /// Its block's size.
+    pub size: u64,
+    /// What its caller asked for.
+    pub requested: u64,
+    /// Its stream.
+    pub stream: StreamId,
 }
 
 /// Which streams' requests a route takes: called with the request's stream,

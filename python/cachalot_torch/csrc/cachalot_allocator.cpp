@@ -23,6 +23,8 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <unordered_set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +46,7 @@ struct cachalot_segment_row {
   uint64_t stream;
   uint8_t is_large, is_expandable;
   size_t first_block, block_count;
+  uint64_t pool_id[2];
 };
 struct cachalot_block_row {
   uint64_t address, size, requested_size;
@@ -79,6 +82,34 @@ int cachalot_segment_of(void*, void**, size_t*, char**);
 int cachalot_set_history(int, size_t, uint32_t, int, char**);
 cachalot_snapshot* cachalot_snapshot_take(char**);
 void cachalot_snapshot_free(cachalot_snapshot*);
+int cachalot_pool_begin(int, uint64_t, uint64_t, int (*)(void*, void*), void (*)(void*), void*, char**);
+int cachalot_pool_end(int, uint64_t, uint64_t, char**);
+int cachalot_pool_create(int, uint64_t, uint64_t, char**);
+int cachalot_pool_release(int, uint64_t, uint64_t, char**);
+int cachalot_pool_use_count(int, uint64_t, uint64_t, int*, char**);
+int cachalot_pool_set_option(int, uint64_t, uint64_t, int, int, char**);
+int cachalot_pool_empty(int, uint64_t, uint64_t, char**);
+struct cachalot_pool_allocation {
+  uint64_t ptr, size, requested, stream;
+};
+int cachalot_pool_allocations(int, uint64_t, uint64_t, cachalot_pool_allocation*, size_t, size_t*, char**);
+int cachalot_pool_restore(int, uint64_t, uint64_t, const cachalot_pool_allocation*, size_t, char**);
+
+// A route's filter, owned here and called back by the library with the
+// stream of each request while the route is open.
+struct cachalot_route {
+  std::function<bool(cudaStream_t)> filter;
+};
+static int cachalot_route_accepts(void* ctx, void* stream) noexcept {
+  try {
+    return static_cast<cachalot_route*>(ctx)->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+static void cachalot_route_drop(void* ctx) noexcept {
+  delete static_cast<cachalot_route*>(ctx);
+}
 }
 
 namespace cachalot {
@@ -115,11 +146,41 @@ void check(int status, char* message, const char* what) {
       false,
       "cachalot does not support ",
       what,
-      " yet: private memory pools (CUDA graph trees of torch.compile "
-      "reduce-overhead, torch.cuda.MemPool) and CUDA IPC come with cachalot's "
-      "private-pool support. Run this program on PyTorch's own allocator "
-      "meanwhile.");
+      " yet. Run this program on PyTorch's own allocator meanwhile.");
 }
+
+// A private pool's state at a checkpoint: its live allocations.
+struct PoolCheckpoint : cca::AllocatorState {
+  MempoolId_t pool{0, 0};
+  std::vector<cachalot_pool_allocation> live;
+};
+
+bool is_default(MempoolId_t id) {
+  return id.first == 0 && id.second == 0;
+}
+
+// Lets the driver calls of an allocation run while a stream is captured in
+// cudaStreamCaptureModeGlobal (as PyTorch does around cudaMalloc): the
+// thread's capture mode is relaxed for the guard's life.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(bool on) : on_(on) {
+    if (on_) {
+      (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
+  ~RelaxedCapture() {
+    if (on_) {
+      (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  bool on_;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 
 void deleter(void* ptr);
 
@@ -397,10 +458,15 @@ class CachalotAllocator final : public cca::CUDAAllocator {
 
   // --- the cache --------------------------------------------------------------
   void emptyCache(MempoolId_t mempool_id) override {
-    if (mempool_id.first != 0 || mempool_id.second != 0) {
-      unsupported("emptying a private memory pool");
-    }
     char* message = nullptr;
+    if (!is_default(mempool_id)) {
+      int device = c10::cuda::current_device();
+      check(
+          cachalot_pool_empty(device, mempool_id.first, mempool_id.second, &message),
+          message,
+          "empty_cache of a private pool");
+      return;
+    }
     check(cachalot_release_cache(&message), message, "empty_cache");
   }
 
@@ -520,7 +586,12 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     cca::SnapshotInfo info;
     with_snapshot([&](const cachalot_snapshot& s) {
       for (size_t i = 0; i < s.segment_count; ++i) {
-        info.segments.push_back(segment_info(s, s.segments[i]));
+        const auto& row = s.segments[i];
+        bool wanted = is_default(mempool_id) ||
+            (row.pool_id[0] == mempool_id.first && row.pool_id[1] == mempool_id.second);
+        if (wanted) {
+          info.segments.push_back(segment_info(s, row));
+        }
       }
       int devices = std::max(device_count_.load(), 1);
       info.device_traces.resize(devices);
@@ -547,10 +618,6 @@ class CachalotAllocator final : public cca::CUDAAllocator {
             contexts[i]);
       }
     });
-    if (mempool_id.first != 0 || mempool_id.second != 0) {
-      // No private pools: a pool's snapshot holds nothing.
-      info.segments.clear();
-    }
     info.config_metadata = config_info();
     return info;
   }
@@ -592,39 +659,113 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  // --- private pools and IPC: not yet -----------------------------------------
+  // --- private pools: CUDA graphs, MemPool ------------------------------------
   void beginAllocateToPool(
-      c10::DeviceIndex, MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    // CUDA graph capture: memory comes from the general cache, as with
-    // PyTorch's stock pluggable allocator, until private pools land.
+      c10::DeviceIndex device,
+      MempoolId_t id,
+      std::function<bool(cudaStream_t)> filter) override {
+    auto* route = new cachalot_route{std::move(filter)};
+    char* message = nullptr;
+    // The library owns the route from here on, and drops it on failure too.
+    int status = cachalot_pool_begin(
+        device, id.first, id.second, &cachalot_route_accepts, &cachalot_route_drop, route, &message);
+    check(status, message, "beginAllocateToPool");
+    routes_.fetch_add(1);
   }
-  void endAllocateToPool(c10::DeviceIndex, MempoolId_t) override {}
-  void releasePool(c10::DeviceIndex, MempoolId_t) override {}
-  int getPoolUseCount(c10::DeviceIndex, MempoolId_t) override {
-    unsupported("getPoolUseCount (torch.cuda.MemPool)");
+
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override {
+    char* message = nullptr;
+    check(cachalot_pool_end(device, id.first, id.second, &message), message, "endAllocateToPool");
+    routes_.fetch_sub(1);
   }
+
+  void releasePool(c10::DeviceIndex device, MempoolId_t id) override {
+    char* message = nullptr;
+    check(cachalot_pool_release(device, id.first, id.second, &message), message, "releasePool");
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
+    int count = 0;
+    char* message = nullptr;
+    check(
+        cachalot_pool_use_count(device, id.first, id.second, &count, &message),
+        message,
+        "getPoolUseCount");
+    return count;
+  }
+
   void createOrIncrefPool(
-      c10::DeviceIndex, MempoolId_t, std::shared_ptr<cca::CUDAAllocator>) override {
-    unsupported("createOrIncrefPool (torch.cuda.MemPool)");
+      c10::DeviceIndex device,
+      MempoolId_t id,
+      std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    if (allocator) {
+      unsupported("a MemPool with an allocator of its own (MemPool(allocator=...))");
+    }
+    char* message = nullptr;
+    check(cachalot_pool_create(device, id.first, id.second, &message), message, "createOrIncrefPool");
   }
-  void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool) override {
-    unsupported("setUseOnOOM (torch.cuda.MemPool)");
+
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
+    set_option(device, id, 0, use_on_oom);
   }
-  void setNoSplit(c10::DeviceIndex, MempoolId_t) override {
-    unsupported("setNoSplit (torch.cuda.MemPool)");
+
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t id) override {
+    set_option(device, id, 1, true);
   }
+
   bool checkPoolLiveAllocations(
-      c10::DeviceIndex, MempoolId_t, const std::unordered_set<void*>&) override {
-    unsupported("checkPoolLiveAllocations (torch.compile mode=\"reduce-overhead\")");
+      c10::DeviceIndex device,
+      MempoolId_t id,
+      const std::unordered_set<void*>& expected_live_allocations) override {
+    std::vector<cachalot_pool_allocation> live = pool_allocations(device, id);
+    if (live.size() != expected_live_allocations.size()) {
+      return false;
+    }
+    for (const auto& a : live) {
+      if (expected_live_allocations.count(reinterpret_cast<void*>(a.ptr)) == 0) {
+        return false;
+      }
+    }
+    return true;
   }
+
+  // cudagraph trees take a checkpoint of their pool after every recording, and
+  // restore one when a recording starts part-way down a replayed path.
   std::shared_ptr<cca::AllocatorState> getCheckpointState(
-      c10::DeviceIndex, MempoolId_t) override {
-    unsupported("getCheckpointState (torch.compile mode=\"reduce-overhead\")");
+      c10::DeviceIndex device, MempoolId_t id) override {
+    auto state = std::make_shared<PoolCheckpoint>();
+    state->pool = id;
+    state->live = pool_allocations(device, id);
+    return state;
   }
+
   cca::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) override {
-    unsupported("setCheckpointPoolState (torch.compile mode=\"reduce-overhead\")");
+      c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) override {
+    auto* checkpoint = dynamic_cast<PoolCheckpoint*>(state.get());
+    TORCH_CHECK(checkpoint != nullptr, "cachalot: setCheckpointPoolState: a checkpoint cachalot did not take");
+    MempoolId_t pool = checkpoint->pool;
+    std::vector<cachalot_pool_allocation> before = pool_allocations(device, pool);
+    char* message = nullptr;
+    check(
+        cachalot_pool_restore(
+            device, pool.first, pool.second, checkpoint->live.data(), checkpoint->live.size(), &message),
+        message,
+        "setCheckpointPoolState");
+    cca::CheckpointDelta delta;
+    for (const auto& a : before) {
+      void* ptr = reinterpret_cast<void*>(a.ptr);
+      contexts_.on_free(ptr);
+      delta.ptrs_freed.push_back(ptr);
+    }
+    for (const auto& a : checkpoint->live) {
+      void* ptr = reinterpret_cast<void*>(a.ptr);
+      contexts_.on_alloc(ptr);
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &deleter, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
   }
+
+  // --- sharing with other processes: not yet ---------------------------------
   cca::ShareableHandle shareIpcHandle(void*) override {
     unsupported("sharing CUDA tensors with other processes (shareIpcHandle)");
   }
@@ -633,11 +774,41 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
  private:
+  void set_option(c10::DeviceIndex device, MempoolId_t id, int option, bool value) {
+    char* message = nullptr;
+    check(
+        cachalot_pool_set_option(device, id.first, id.second, option, value ? 1 : 0, &message),
+        message,
+        "MemPool option");
+  }
+
+  std::vector<cachalot_pool_allocation> pool_allocations(c10::DeviceIndex device, MempoolId_t id) {
+    std::vector<cachalot_pool_allocation> out;
+    size_t count = 0;
+    for (;;) {
+      char* message = nullptr;
+      check(
+          cachalot_pool_allocations(
+              device, id.first, id.second, out.data(), out.size(), &count, &message),
+          message,
+          "checkPoolLiveAllocations");
+      if (count <= out.size()) {
+        out.resize(count);
+        return out;
+      }
+      out.resize(count);
+    }
+  }
+
   void* malloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream) {
     void* ptr = nullptr;
     char* message = nullptr;
     cachalot_oom_info oom{};
-    int status = cachalot_malloc(nbytes, device, stream, &ptr, &message, &oom);
+    int status;
+    {
+      RelaxedCapture relaxed(routes_.load(std::memory_order_relaxed) > 0);
+      status = cachalot_malloc(nbytes, device, stream, &ptr, &message, &oom);
+    }
     if (status == kOom) {
       std::string text = take(message);
       notify_oom(oom);
@@ -710,6 +881,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     seg.stream = reinterpret_cast<void*>(row.stream);
     seg.is_large = row.is_large != 0;
     seg.is_expandable = row.is_expandable != 0;
+    seg.owner_private_pool_id = MempoolId_t{row.pool_id[0], row.pool_id[1]};
     for (size_t b = 0; b < row.block_count; ++b) {
       const auto& block = s.blocks[row.first_block + b];
       c10::CachingDeviceAllocator::BlockInfo info;
@@ -742,6 +914,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   std::atomic<bool> enabled_{true};
   std::atomic<bool> history_on_{false};
   std::atomic<bool> has_trackers_{false};
+  std::atomic<int> routes_{0};
   std::vector<double> fractions_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::AllocatorTraceTracker> trackers_;

@@ -77,6 +77,10 @@ macro_rules! conformance_suite {
                 common::pools::use_on_oom_pools_lend_free_blocks(&*make());
             }
             #[test]
+            fn restore_pool_puts_allocations_back() {
+                common::pools::restore_pool_puts_allocations_back(&*make());
+            }
+            #[test]
             fn no_split_pools_keep_allocations_apart() {
                 common::pools::no_split_pools_keep_allocations_apart(&*make());
             }

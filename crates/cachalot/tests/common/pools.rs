@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cachalot::private_pool::{PoolId, PoolOptions, RouteFilter};
+use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
 use cachalot::snapshot::BlockState;
 use cachalot::{DeviceAllocator, Error, StreamId};
 
@@ -45,7 +45,13 @@ pub fn private_pool_serves_only_its_routes(a: &dyn DeviceAllocator) {
     assert_eq!(pool_of(a, in_pool), GRAPH);
     assert_eq!(pool_of(a, small_in_pool), GRAPH);
     assert_eq!(pool_of(a, outside), PoolId::DEFAULT);
-    assert_eq!(a.pool_allocations(GRAPH).unwrap(), {
+    let live: Vec<u64> = a
+        .pool_allocations(GRAPH)
+        .unwrap()
+        .iter()
+        .map(|x| x.ptr)
+        .collect();
+    assert_eq!(live, {
         let mut v = vec![in_pool, small_in_pool];
         v.sort_unstable();
         v
@@ -203,6 +209,51 @@ pub fn no_split_pools_keep_allocations_apart(a: &dyn DeviceAllocator) {
     a.end_allocate_to_pool(MEMPOOL).unwrap();
     a.release_pool(MEMPOOL).unwrap();
     a.release_pool(MEMPOOL).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    valid(a);
+}
+
+/// A checkpoint of a pool's live allocations, restored after the pool's
+/// layout changed, gives the same allocations at the same addresses and
+/// frees the others (or the policy says it cannot).
+pub fn restore_pool_puts_allocations_back(a: &dyn DeviceAllocator) {
+    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
+    let x = a.malloc(3 * MIB, S1).unwrap();
+    let y = a.malloc(700, S1).unwrap();
+    let z = a.malloc(5 * MIB, S1).unwrap();
+    let checkpoint: Vec<PoolAllocation> = a.pool_allocations(GRAPH).unwrap();
+    a.free(x).unwrap();
+    a.free(z).unwrap();
+    let w = a.malloc(8 * MIB, S1).unwrap();
+    a.end_allocate_to_pool(GRAPH).unwrap();
+    let before = a.stats();
+    match a.restore_pool(GRAPH, &checkpoint) {
+        Err(Error::Unsupported(_)) => {
+            assert_eq!(a.stats(), before, "nothing changed");
+            for p in [y, w] {
+                a.free(p).unwrap();
+            }
+        }
+        Ok(mut freed) => {
+            freed.sort_unstable();
+            let mut want = vec![y, w];
+            want.sort_unstable();
+            assert_eq!(freed, want);
+            valid(a);
+            assert_eq!(a.pool_allocations(GRAPH).unwrap(), checkpoint);
+            assert_eq!(
+                a.stats().requested_bytes.all.current as u64,
+                checkpoint.iter().map(|c| c.requested).sum::<u64>()
+            );
+            for c in &checkpoint {
+                a.free(c.ptr).unwrap();
+            }
+        }
+        Err(e) => panic!("{e}"),
+    }
+    valid(a);
+    a.release_pool(GRAPH).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(a.memory_reserved(), 0);
     valid(a);

@@ -148,7 +148,7 @@ use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
-use crate::private_pool::{PoolBook, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
 use directory::{Directory, StreamEntry, MAX_STREAMS};
 use journal::{DeviceJournal, Fill, Merged};
 use ledger::Ledger;
@@ -538,6 +538,10 @@ impl DeviceAllocator for CachalotAllocator {
         self.book().set_options(id, options)
     }
 
+    fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {
+        Ok(self.book().require(id)?.options)
+    }
+
     fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
         let mut book = self.book();
         book.create_or_incref(id)?;
@@ -565,8 +569,18 @@ impl DeviceAllocator for CachalotAllocator {
         self.empty_private_pool(id)
     }
 
-    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         self.private_allocations(id)
+    }
+
+    fn restore_pool(&self, id: PoolId, _live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
+        self.book().require(id)?;
+        Err(Error::Unsupported(
+            "restoring a private pool's checkpoint (cudagraph trees of torch.compile \
+             mode=\"reduce-overhead\" when a recording starts part-way down a replayed \
+             path); the pytorch policy does it"
+                .into(),
+        ))
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

@@ -11,7 +11,7 @@ use std::sync::MutexGuard;
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::Result;
-use crate::private_pool::{PoolBook, PoolId};
+use crate::private_pool::{PoolAllocation, PoolBook, PoolId};
 use crate::snapshot::BlockState;
 
 use super::pool::ROUNDING;
@@ -86,13 +86,14 @@ impl CachalotAllocator {
         Ok(None)
     }
 
-    /// Returns private pool `id`'s cached memory to the device (nothing while
-    /// quiet), and forgets the pool when it is freeable and empty.
+    /// Returns private pool `id`'s cached memory to the device when it is
+    /// freeable (not while quiet), and forgets the pool when it is then empty.
     pub(super) fn empty_private_pool(&self, id: PoolId) -> Result<()> {
-        let slot = self.book().require(id)?.slot;
-        if self.pages.quiet() {
+        let record = self.book().require(id)?;
+        if record.use_count > 0 || self.pages.quiet() {
             return Ok(());
         }
+        let slot = record.slot;
         for entry in self.streams.iter().filter(|e| e.pool == slot) {
             self.journaled(entry, |st| st.empty_cache(&self.pages))?;
         }
@@ -100,20 +101,28 @@ impl CachalotAllocator {
         Ok(self.pages.retry_orphans()?)
     }
 
-    /// The live allocations of private pool `id`, ascending.
-    pub(super) fn private_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+    /// The live allocations of private pool `id`, by address.
+    pub(super) fn private_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         let slot = self.book().require(id)?.slot;
         let device = self.backend.capabilities().device;
-        let mut ptrs: Vec<DevicePtr> = self
+        let mut live: Vec<PoolAllocation> = self
             .streams
             .iter()
             .filter(|e| e.pool == slot)
             .flat_map(|e| e.lock().snapshot(device))
-            .flat_map(|s| s.blocks)
-            .filter(|b| b.state == BlockState::ActiveAllocated)
-            .map(|b| b.address)
+            .flat_map(|s| {
+                let stream = s.stream;
+                s.blocks.into_iter().map(move |b| (stream, b))
+            })
+            .filter(|(_, b)| b.state == BlockState::ActiveAllocated)
+            .map(|(stream, b)| PoolAllocation {
+                ptr: b.address,
+                size: b.size,
+                requested: b.requested_size,
+                stream,
+            })
             .collect();
-        ptrs.sort_unstable();
-        Ok(ptrs)
+        live.sort_unstable();
+        Ok(live)
     }
 }

@@ -42,7 +42,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
-use crate::private_pool::{PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -163,6 +163,10 @@ impl DeviceAllocator for PytorchAllocator {
         self.lock().book.set_options(id, options)
     }
 
+    fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {
+        Ok(self.lock().book.require(id)?.options)
+    }
+
     fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
         self.lock().begin_allocate_to_pool(id, filter)
     }
@@ -183,8 +187,12 @@ impl DeviceAllocator for PytorchAllocator {
         self.lock().empty_pool_cache(id)
     }
 
-    fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         self.lock().pool_allocations(id)
+    }
+
+    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
+        self.lock().restore_pool(id, live)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

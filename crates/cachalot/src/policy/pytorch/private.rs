@@ -2,11 +2,13 @@
 //! memory back once no graph or `MemPool` holds them.
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::error::Result;
-use crate::private_pool::{PoolId, PoolOptions, PoolRecord, RouteFilter};
+use crate::error::{Error, Result};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, PoolRecord, RouteFilter};
 
-use super::block::BlockId;
+use super::block::{Block, BlockId};
+use super::placement::is_small;
 use super::pool::PoolPair;
+use super::state::Request;
 use super::state::State;
 
 impl State {
@@ -49,10 +51,14 @@ impl State {
         self.book.release(id).map(|_| ())
     }
 
-    /// Returns the cached memory of private pool `id` to the device (and forgets
-    /// the pool when it is freeable and holds nothing).
+    /// Returns the cached memory of private pool `id` to the device when the
+    /// pool is freeable (and forgets it when it then holds nothing), as
+    /// PyTorch's `emptyCache(pool)`; a pool in use keeps its memory.
     pub(crate) fn empty_pool_cache(&mut self, id: PoolId) -> Result<()> {
         let record = self.book.require(id)?;
+        if record.use_count > 0 {
+            return Ok(());
+        }
         self.synchronize_and_free_events()?;
         self.release_pool_blocks(record.slot)?;
         self.forget_empty_freeable_pools();
@@ -87,17 +93,105 @@ impl State {
         }
     }
 
-    /// The addresses of the live allocations of private pool `id`.
-    pub(crate) fn pool_allocations(&self, id: PoolId) -> Result<Vec<DevicePtr>> {
+    /// The live allocations of private pool `id`, by address.
+    pub(crate) fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         let slot = self.book.require(id)?.slot;
-        let mut ptrs: Vec<DevicePtr> = self
+        let mut live: Vec<PoolAllocation> = self
             .allocated
-            .iter()
-            .filter(|(_, b)| self.blocks[**b].pool == slot)
-            .map(|(addr, _)| *addr)
+            .values()
+            .map(|b| &self.blocks[*b])
+            .filter(|b| b.pool == slot)
+            .map(|b| PoolAllocation {
+                ptr: b.addr,
+                size: b.size,
+                requested: b.requested,
+                stream: b.stream,
+            })
             .collect();
-        ptrs.sort_unstable();
-        Ok(ptrs)
+        live.sort_unstable();
+        Ok(live)
+    }
+
+    /// Frees every live allocation of pool `id`, then allocates each of `live`
+    /// at its address again. Returns the addresses freed.
+    pub(crate) fn restore_pool(
+        &mut self,
+        id: PoolId,
+        live: &[PoolAllocation],
+    ) -> Result<Vec<DevicePtr>> {
+        let slot = self.book.require(id)?.slot;
+        let freed: Vec<DevicePtr> = self.pool_allocations(id)?.iter().map(|a| a.ptr).collect();
+        for ptr in &freed {
+            self.free(*ptr)?;
+        }
+        for a in live {
+            self.allocate_at(slot, a)?;
+        }
+        Ok(freed)
+    }
+
+    /// Allocates `a` exactly: carves its range out of the free block of pool
+    /// `slot` that holds it.
+    fn allocate_at(&mut self, slot: u32, a: &PoolAllocation) -> Result<()> {
+        let small = is_small(a.size);
+        let inside = |b: &Block| {
+            b.stream == a.stream && b.addr <= a.ptr && a.ptr + a.size <= b.addr + b.size
+        };
+        let found = self.pools[slot as usize]
+            .of(small)
+            .blocks
+            .values()
+            .find(|id| inside(&self.blocks[*id]));
+        let Some(mut id) = found else {
+            return Err(Error::InvalidArgument(format!(
+                "cannot restore the pool's allocation at {:#x} ({} bytes): that memory is not free in the pool",
+                a.ptr, a.size
+            )));
+        };
+        if self.blocks[id].addr < a.ptr {
+            id = self.split_front(id, a.ptr - self.blocks[id].addr);
+        }
+        let req = Request {
+            size: a.size,
+            requested: a.requested,
+            small,
+            stream: a.stream,
+            alloc_size: a.size,
+            pool: slot,
+        };
+        self.uncache(id);
+        let split = self.blocks[id].size > a.size;
+        self.alloc_found_block(id, &req, split);
+        Ok(())
+    }
+
+    /// Splits cached block `id` after its first `len` bytes; both pieces stay
+    /// cached. Returns the back piece.
+    fn split_front(&mut self, id: BlockId, len: u64) -> BlockId {
+        self.uncache(id);
+        let b = &self.blocks[id];
+        let (was_split, small, expandable, total) = (b.is_split(), b.small, b.expandable, b.size);
+        let front = Block {
+            size: len,
+            next: Some(id),
+            stream_uses: Vec::new(),
+            ..b.clone()
+        };
+        let prev = b.prev;
+        let segment = b.segment;
+        let front_id = self.blocks.insert(front);
+        self.link_after(prev, front_id, segment);
+        let back = &mut self.blocks[id];
+        back.prev = Some(front_id);
+        back.addr += len;
+        back.size -= len;
+        self.cache(front_id);
+        self.cache(id);
+        if !expandable {
+            let (blocks, bytes) = if was_split { (1, 0) } else { (2, total as i64) };
+            self.ledger.splits_changed(small, blocks, bytes);
+        }
+        id
     }
 
     /// On a miss in the default pools: the best-fit free block of a pool whose

@@ -132,8 +132,13 @@ impl State {
 
     /// `empty_cache`: waits for every outstanding event, then releases every
     /// cached segment and free page of the default pools and of every freeable
-    /// private pool.
+    /// private pool (only the latter while a route is open).
     pub(crate) fn release_cached_blocks(&mut self) -> Result<()> {
+        if self.book.routing() {
+            // As PyTorch during a capture: only the freeable private pools.
+            self.release_freeable_pools()?;
+            return Ok(());
+        }
         self.synchronize_and_free_events()?;
         self.release_pool_blocks(0)?;
         self.release_freeable_pools()?;
