@@ -157,9 +157,7 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
     /// pool, or when an allocation of `live` is not free memory of the pool
-    /// once its allocations are freed (the frees stay done);
-    /// [`Error::Unsupported`](crate::Error::Unsupported) for a policy that
-    /// cannot restore a checkpoint.
+    /// once its allocations are freed (the frees stay done).
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
 
     /// Checks every invariant (walks all state).

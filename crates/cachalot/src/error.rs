@@ -5,7 +5,6 @@
 //! * [`Error::TooLarge`]: the request can never be met. Ask for less.
 //! * [`Error::InvalidFree`] / [`Error::InvalidArgument`] / [`Error::Config`]: a bug
 //!   in the caller. Fix the call; the allocator's state is unchanged.
-//! * [`Error::Unsupported`]: the policy does not do this. Run the other one.
 //! * [`Error::Backend`]: the device failed. Treat it as lost.
 //!
 //! A broken internal invariant is not an error variant: it is what
@@ -74,9 +73,6 @@ pub enum Error {
     /// A malformed configuration string.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The policy does not do this. Remedy: run the other policy.
-    #[error("not supported by this policy: {0}")]
-    Unsupported(String),
     /// The device failed in a way the allocator cannot recover from.
     #[error("device failure: {0}")]
     Backend(#[from] BackendError),

@@ -134,10 +134,12 @@ std::string take(char* message) {
   return text;
 }
 
-// Raises a RuntimeError naming cachalot for a failed status.
-void check(int status, char* message, const char* what) {
+// Raises a RuntimeError naming cachalot for a failed status. Takes the
+// message's address, read only after the call that set it (an argument
+// `message` would be read in an unspecified order with the call's).
+void check(int status, char** message, const char* what) {
   if (status != kOk) {
-    TORCH_CHECK(false, "cachalot: ", what, ": ", take(message));
+    TORCH_CHECK(false, "cachalot: ", what, ": ", take(*message));
   }
 }
 
@@ -388,7 +390,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     int status = cachalot_init();
     if (status != kOk) {
       message = cachalot_last_error();
-      check(2, message, "init");
+      check(2, &message, "init");
     }
     std::lock_guard<std::mutex> lock(mu_);
     fractions_.assign(std::max(device_count, 0), 1.0);
@@ -411,7 +413,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     int64_t n[kStatsLen];
     char* message = nullptr;
-    check(cachalot_device_stats(device, n, kStatsLen, &message), message, "memory_stats");
+    check(cachalot_device_stats(device, n, kStatsLen, &message), &message, "memory_stats");
     DeviceStats s;
     const int64_t* p = n;
     auto stat = [&p](c10::CachingAllocator::Stat& st) {
@@ -448,12 +450,12 @@ class CachalotAllocator final : public cca::CUDAAllocator {
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     char* message = nullptr;
-    check(cachalot_reset_totals(device, &message), message, "reset_accumulated_memory_stats");
+    check(cachalot_reset_totals(device, &message), &message, "reset_accumulated_memory_stats");
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     char* message = nullptr;
-    check(cachalot_reset_peaks(device, &message), message, "reset_peak_memory_stats");
+    check(cachalot_reset_peaks(device, &message), &message, "reset_peak_memory_stats");
   }
 
   // --- the cache --------------------------------------------------------------
@@ -463,11 +465,11 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       int device = c10::cuda::current_device();
       check(
           cachalot_pool_empty(device, mempool_id.first, mempool_id.second, &message),
-          message,
+          &message,
           "empty_cache of a private pool");
       return;
     }
-    check(cachalot_release_cache(&message), message, "empty_cache");
+    check(cachalot_release_cache(&message), &message, "empty_cache");
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
@@ -480,7 +482,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     }
     size_t cached = 0;
     char* message = nullptr;
-    check(cachalot_largest_free_block(device, &cached, &message), message, "cacheInfo");
+    check(cachalot_largest_free_block(device, &cached, &message), &message, "cacheInfo");
     *largestBlock = std::max(*largestBlock, cached);
   }
 
@@ -488,7 +490,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     void* base = nullptr;
     size_t segment_size = 0;
     char* message = nullptr;
-    check(cachalot_segment_of(ptr, &base, &segment_size, &message), message, "getBaseAllocation");
+    check(cachalot_segment_of(ptr, &base, &segment_size, &message), &message, "getBaseAllocation");
     if (size != nullptr) {
       *size = segment_size;
     }
@@ -502,7 +504,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     char* message = nullptr;
-    check(cachalot_limit_fraction(fraction, device, &message), message, "set_per_process_memory_fraction");
+    check(cachalot_limit_fraction(fraction, device, &message), &message, "set_per_process_memory_fraction");
     std::lock_guard<std::mutex> lock(mu_);
     if (device >= 0) {
       if (size_t(device) >= fractions_.size()) {
@@ -536,7 +538,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     check(
         cachalot_record_stream_to(ptr.get(), stream.stream(), &message),
-        message,
+        &message,
         "record_stream");
   }
 
@@ -572,7 +574,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     check(
         cachalot_set_history(enabled ? 1 : 0, alloc_trace_max_entries, mask, clearHistory ? 1 : 0, &message),
-        message,
+        &message,
         "_record_memory_history");
     contexts_.configure(enabled, context_recorder, when, alloc_trace_max_entries, clearHistory);
     history_on_.store(enabled);
@@ -669,19 +671,19 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     // The library owns the route from here on, and drops it on failure too.
     int status = cachalot_pool_begin(
         device, id.first, id.second, &cachalot_route_accepts, &cachalot_route_drop, route, &message);
-    check(status, message, "beginAllocateToPool");
+    check(status, &message, "beginAllocateToPool");
     routes_.fetch_add(1);
   }
 
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override {
     char* message = nullptr;
-    check(cachalot_pool_end(device, id.first, id.second, &message), message, "endAllocateToPool");
+    check(cachalot_pool_end(device, id.first, id.second, &message), &message, "endAllocateToPool");
     routes_.fetch_sub(1);
   }
 
   void releasePool(c10::DeviceIndex device, MempoolId_t id) override {
     char* message = nullptr;
-    check(cachalot_pool_release(device, id.first, id.second, &message), message, "releasePool");
+    check(cachalot_pool_release(device, id.first, id.second, &message), &message, "releasePool");
   }
 
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override {
@@ -689,7 +691,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     check(
         cachalot_pool_use_count(device, id.first, id.second, &count, &message),
-        message,
+        &message,
         "getPoolUseCount");
     return count;
   }
@@ -702,7 +704,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       unsupported("a MemPool with an allocator of its own (MemPool(allocator=...))");
     }
     char* message = nullptr;
-    check(cachalot_pool_create(device, id.first, id.second, &message), message, "createOrIncrefPool");
+    check(cachalot_pool_create(device, id.first, id.second, &message), &message, "createOrIncrefPool");
   }
 
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
@@ -749,7 +751,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     check(
         cachalot_pool_restore(
             device, pool.first, pool.second, checkpoint->live.data(), checkpoint->live.size(), &message),
-        message,
+        &message,
         "setCheckpointPoolState");
     cca::CheckpointDelta delta;
     for (const auto& a : before) {
@@ -778,7 +780,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     check(
         cachalot_pool_set_option(device, id.first, id.second, option, value ? 1 : 0, &message),
-        message,
+        &message,
         "MemPool option");
   }
 
@@ -790,7 +792,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       check(
           cachalot_pool_allocations(
               device, id.first, id.second, out.data(), out.size(), &count, &message),
-          message,
+          &message,
           "checkPoolLiveAllocations");
       if (count <= out.size()) {
         out.resize(count);
@@ -814,7 +816,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       notify_oom(oom);
       TORCH_CHECK_WITH(OutOfMemoryError, false, text);
     }
-    check(status, message, "allocation");
+    check(status, &message, "allocation");
     contexts_.on_alloc(ptr);
     track(TraceEntry::ALLOC, device, ptr, nbytes, stream);
     return ptr;
@@ -858,7 +860,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     cachalot_snapshot* s = cachalot_snapshot_take(&message);
     if (s == nullptr) {
-      check(2, message, "snapshot");
+      check(2, &message, "snapshot");
     }
     try {
       f(*s);

@@ -216,7 +216,7 @@ pub fn no_split_pools_keep_allocations_apart(a: &dyn DeviceAllocator) {
 
 /// A checkpoint of a pool's live allocations, restored after the pool's
 /// layout changed, gives the same allocations at the same addresses and
-/// frees the others (or the policy says it cannot).
+/// frees the others.
 pub fn restore_pool_puts_allocations_back(a: &dyn DeviceAllocator) {
     a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
     let x = a.malloc(3 * MIB, S1).unwrap();
@@ -227,30 +227,26 @@ pub fn restore_pool_puts_allocations_back(a: &dyn DeviceAllocator) {
     a.free(z).unwrap();
     let w = a.malloc(8 * MIB, S1).unwrap();
     a.end_allocate_to_pool(GRAPH).unwrap();
-    let before = a.stats();
-    match a.restore_pool(GRAPH, &checkpoint) {
-        Err(Error::Unsupported(_)) => {
-            assert_eq!(a.stats(), before, "nothing changed");
-            for p in [y, w] {
-                a.free(p).unwrap();
-            }
-        }
-        Ok(mut freed) => {
-            freed.sort_unstable();
-            let mut want = vec![y, w];
-            want.sort_unstable();
-            assert_eq!(freed, want);
-            valid(a);
-            assert_eq!(a.pool_allocations(GRAPH).unwrap(), checkpoint);
-            assert_eq!(
-                a.stats().requested_bytes.all.current as u64,
-                checkpoint.iter().map(|c| c.requested).sum::<u64>()
-            );
-            for c in &checkpoint {
-                a.free(c.ptr).unwrap();
-            }
-        }
-        Err(e) => panic!("{e}"),
+    let mut freed = a.restore_pool(GRAPH, &checkpoint).unwrap();
+    freed.sort_unstable();
+    let mut want = vec![y, w];
+    want.sort_unstable();
+    assert_eq!(freed, want);
+    valid(a);
+    assert_eq!(a.pool_allocations(GRAPH).unwrap(), checkpoint);
+    assert_eq!(
+        a.stats().requested_bytes.all.current as u64,
+        checkpoint.iter().map(|c| c.requested).sum::<u64>()
+    );
+    // Memory the pool does not hold free cannot be restored.
+    let taken = checkpoint[0];
+    assert!(matches!(
+        a.restore_pool(GRAPH, &[taken, taken]),
+        Err(Error::InvalidArgument(_))
+    ));
+    valid(a);
+    for c in a.pool_allocations(GRAPH).unwrap() {
+        a.free(c.ptr).unwrap();
     }
     valid(a);
     a.release_pool(GRAPH).unwrap();

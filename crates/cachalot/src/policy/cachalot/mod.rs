@@ -573,14 +573,8 @@ impl DeviceAllocator for CachalotAllocator {
         self.private_allocations(id)
     }
 
-    fn restore_pool(&self, id: PoolId, _live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
-        self.book().require(id)?;
-        Err(Error::Unsupported(
-            "restoring a private pool's checkpoint (cudagraph trees of torch.compile \
-             mode=\"reduce-overhead\" when a recording starts part-way down a replayed \
-             path); the pytorch policy does it"
-                .into(),
-        ))
+    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
+        self.restore_private_pool(id, live)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

@@ -10,9 +10,10 @@ use std::collections::HashSet;
 use std::sync::MutexGuard;
 
 use crate::backend::{DevicePtr, StreamId};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId};
 use crate::snapshot::BlockState;
+use crate::DeviceAllocator;
 
 use super::pool::ROUNDING;
 use super::CachalotAllocator;
@@ -99,6 +100,37 @@ impl CachalotAllocator {
         }
         self.forget_empty_freeable_pools();
         Ok(self.pages.retry_orphans()?)
+    }
+
+    /// Frees every live allocation of pool `id`, then allocates each of `live`
+    /// at its address again, in the lane of its stream. Returns the addresses
+    /// freed.
+    pub(super) fn restore_private_pool(
+        &self,
+        id: PoolId,
+        live: &[PoolAllocation],
+    ) -> Result<Vec<DevicePtr>> {
+        let slot = self.book().require(id)?.slot;
+        let freed: Vec<DevicePtr> = self
+            .private_allocations(id)?
+            .iter()
+            .map(|a| a.ptr)
+            .collect();
+        for ptr in &freed {
+            self.free(*ptr)?;
+        }
+        for a in live {
+            let restored = match self.streams.get(a.stream, slot) {
+                Some(entry) => {
+                    self.journaled(entry, |st| st.allocate_at(a.ptr, a.size, a.requested))
+                }
+                None => Err(format!("the pool has no memory of stream {}", a.stream)),
+            };
+            restored.map_err(|why| {
+                Error::InvalidArgument(format!("cannot restore the pool's allocation: {why}"))
+            })?;
+        }
+        Ok(freed)
     }
 
     /// The live allocations of private pool `id`, by address.

@@ -299,6 +299,38 @@ impl StreamState {
         Ok(self.carve(p, place, size, requested))
     }
 
+    /// Allocates exactly `[at, at + size)` for `requested` out of free mapped
+    /// memory (restoring a private pool's checkpoint). Nothing changes on
+    /// failure: the range is not free, or not all mapped.
+    pub(crate) fn allocate_at(&mut self, at: u64, size: u64, requested: u64) -> Result<(), String> {
+        self.pools.iter_mut().for_each(Pool::release_kept);
+        let found = (0..2).find_map(|p| {
+            let mut fits = self.pools[p].heap.fits(size);
+            let hit = fits.find(|(_, b)| b.addr <= at && at + size <= b.end());
+            hit.map(|(id, _)| (p, id))
+        });
+        let Some((p, id)) = found else {
+            return Err(format!("{size} bytes at {at:#x} are not free in the pool"));
+        };
+        let pool = &mut self.pools[p];
+        if let Some(cells) = pool.cells.as_mut() {
+            if !cells.all_mapped(at, size) {
+                return Err(format!("{size} bytes at {at:#x} are not all mapped"));
+            }
+            cells.acquire_mapped(cells.span(at, size));
+        }
+        let before = pool.heap.split_free();
+        pool.heap.carve(id, at, size, requested);
+        if pool.cells.is_none() {
+            self.ledger
+                .splits_changed(p == 0, before, self.pools[p].heap.split_free());
+        }
+        self.note_in_use();
+        self.ledger.allocated(p == 0, at, size, requested);
+        self.ledger.flush();
+        Ok(())
+    }
+
     /// Hands out `size` bytes of pool `p` at `place` for `requested`.
     fn carve(&mut self, p: usize, place: Placement, size: u64, requested: u64) -> u64 {
         self.pools[p]
@@ -329,11 +361,13 @@ impl StreamState {
         let place = match self.pools[p].place(size) {
             Some(place) => place,
             None => {
-                if self.over_budget(size) {
+                // A private pool's idle segments stay: a graph may replay there.
+                let may_release = !self.private && !pages.quiet();
+                if may_release && self.over_budget(size) {
                     self.release_cached(pages, 0)?;
                 }
                 if let Err(e) = self.pools[p].grow(pages, &mut self.ledger, size) {
-                    if !e.is_out_of_memory() {
+                    if !e.is_out_of_memory() || !may_release {
                         return Err(e);
                     }
                     self.release_cached(pages, 0)?;
