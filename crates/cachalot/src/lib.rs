@@ -24,6 +24,13 @@
 //! * **backend**: what provides segments, pages, streams and events: `sim` or `cuda`.
 //! * **adaptor**: a backend over another that adds one concern: counting calls,
 //!   injecting faults, capping memory, recorded addresses.
+//! * **private pool**: small and large pools that serve only the requests
+//!   routed to them (a CUDA graph's capture, `torch.cuda.MemPool`), named by a
+//!   [`private_pool::PoolId`]; the *default pools* serve every other request.
+//!   A **route** sends the requests whose stream a filter accepts to one;
+//!   while any route is open, cross-stream frees wait and caches are not
+//!   flushed, as during a capture. A private pool keeps its memory until no
+//!   graph or `MemPool` uses it (then it is *freeable*).
 //! * **slot**: a replay plan's number for one recorded allocation:
 //!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
 //!   a plan names allocations without their recorded addresses.
@@ -61,6 +68,9 @@
 //!   1000 allocations (its layout never repeats). Its budget then rises by
 //!   `cachalot_churn_slack` and its large pool keeps freed blocks, until that
 //!   pool gives its range back on `empty_cache`.
+//! * **lane**: a stream's pools within one private pool: a stream state of
+//!   its own, whose pages are never re-mapped (a graph replays at the
+//!   addresses it captured).
 //! * **journal**: with several streams on a device, a stream's changes to its
 //!   statistics since the last **merge**, stamped by the machine's clock; a
 //!   merge replays every journal in time order into the device's statistics,
