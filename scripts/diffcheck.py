@@ -18,8 +18,8 @@ cachalot (`CACHALOT_ALLOC_CONF=policy:pytorch,<conf>`); the driver compares
 their hashes operation by operation and, for the first programs that differ,
 runs them again to name the keys that differ, and at which operation.
 
-Graph captures and MemPools are not in the programs yet: cachalot has no
-private pools (issue "Private pools").
+Graph captures and MemPools are not in the programs yet (both policies have
+private pools now: python/tests/test_gpu_pools.py tests them on the GPU).
 
     python3 scripts/diffcheck.py --programs 5000 --ops 120 --json out.json --markdown out.md
 """

@@ -15,7 +15,7 @@
 //! stream wins. A capture's filter accepts the capturing stream; `use_mem_pool`'s
 //! accepts any stream used from the calling thread.
 //!
-//! [`PoolBook`] is the bookkeeping both policies share: routes, use counts,
+//! `PoolBook` is the bookkeeping both policies share: routes, use counts,
 //! options and which pools are freeable. Each policy keeps the memory.
 
 use std::collections::HashMap;
