@@ -104,6 +104,12 @@ pub fn pool_use_counts_and_misuse(a: &dyn DeviceAllocator) {
     assert!(a.pool_allocations(MEMPOOL).is_err());
     assert!(a.empty_pool_cache(MEMPOOL).is_err());
     assert_eq!(a.pool_use_count(MEMPOOL), 0);
+    // A pool that never held memory, released: freeable until empty_cache.
+    a.create_pool(GRAPH).unwrap();
+    a.release_pool(GRAPH).unwrap();
+    valid(a);
+    a.empty_cache().unwrap();
+    assert!(a.release_pool(GRAPH).is_err(), "forgotten at empty_cache");
     a.create_pool(MEMPOOL).unwrap();
     assert_eq!(a.pool_use_count(MEMPOOL), 1);
     a.begin_allocate_to_pool(MEMPOOL, Arc::new(|_| true))

@@ -580,14 +580,25 @@ impl DeviceAllocator for CachalotAllocator {
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {
         // No new stream, and every stream locked at once (in table order; nothing
         // else holds two), so no page is between its creation and its mapping.
+        // The pool book before any stream's lock (the lock order).
+        let pools: std::collections::HashSet<u32> =
+            self.book().iter().map(|(_, r)| r.slot).collect();
         let mut merged = self.journal.lock();
         let _frozen = self.streams.freeze();
-        let mut locked: Vec<_> = self.streams.iter().map(|e| (e.stream, e.lock())).collect();
+        let mut locked: Vec<_> = self
+            .streams
+            .iter()
+            .map(|e| (e.stream, e.pool, e.lock()))
+            .collect();
         let mut reserved = 0;
         let mut sum = MemoryStats::new(self.config.max_split_size);
-        for (stream, st) in &mut locked {
+        for (stream, pool, st) in &mut locked {
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
+            crate::ensure_invariant!(
+                *pool == 0 || pools.contains(pool) || st.reserved() == 0,
+                "{stream}: a lane of forgotten private pool slot {pool} holds memory"
+            );
             reserved += st.reserved();
             sum.add(&st.ledger.stats());
             if let (Some(m), Some(journal)) = (merged.as_mut(), st.ledger.journal()) {
