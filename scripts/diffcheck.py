@@ -18,8 +18,8 @@ cachalot (`CACHALOT_ALLOC_CONF=policy:pytorch,<conf>`); the driver compares
 their hashes operation by operation and, for the first programs that differ,
 runs them again to name the keys that differ, and at which operation.
 
-Graph captures and MemPools are not in the programs yet (both policies have
-private pools now: python/tests/test_gpu_pools.py tests them on the GPU).
+MemPools are in the programs (created, routed to as `use_mem_pool` does,
+left, deleted); graph captures are not yet.
 
     python3 scripts/diffcheck.py --programs 5000 --ops 120 --json out.json --markdown out.md
 """
@@ -61,14 +61,26 @@ def _size(rng):
     return rng.randrange(MIB, 300 * MIB)
 
 
+MAX_POOLS = 2
+
+
 def program(seed, ops):
     """`ops` operations: ("alloc", size, stream), ("free", k), ("record", k,
-    stream), ("empty_cache",), ("reset_peak",); k indexes the live tensors in
-    allocation order."""
+    stream), ("empty_cache",), ("reset_peak",), and MemPool ones:
+    ("pool_new",), ("pool_enter", j) (this thread's allocations go to pool j,
+    as in `use_mem_pool`), ("pool_exit",), ("pool_del", j); k indexes the
+    live tensors in allocation order, j the live pools in creation order."""
     rng = random.Random(seed)
-    live, out = 0, []
+    live, pools, routed, out = 0, 0, False, []
     for _ in range(ops):
         r = rng.random()
+        if r < 0.03:
+            pool_op = _pool_op(rng, pools, routed)
+            if pool_op is not None:
+                out.append(pool_op)
+                pools += {"pool_new": 1, "pool_del": -1}.get(pool_op[0], 0)
+                routed = {"pool_enter": True, "pool_exit": False}.get(pool_op[0], routed)
+                continue
         if live and r < 0.40:
             out.append(("free", rng.randrange(live)))
             live -= 1
@@ -82,6 +94,20 @@ def program(seed, ops):
             out.append(("alloc", _size(rng), rng.randrange(STREAMS)))
             live += 1
     return out
+
+
+def _pool_op(rng, pools, routed):
+    """A MemPool operation that is valid now, or None. A pool is deleted only
+    while no route is open (PyTorch 2.11 aborts otherwise)."""
+    if routed:
+        return ("pool_exit",)
+    choices = []
+    if pools < MAX_POOLS:
+        choices.append(("pool_new",))
+    if pools:
+        choices.append(("pool_enter", rng.randrange(pools)))
+        choices.append(("pool_del", rng.randrange(pools)))
+    return rng.choice(choices) if choices else None
 
 
 # ----------------------------------------------------------------------------
@@ -109,10 +135,23 @@ def run_program(torch, streams, ops, full):
     `full`, the statistics themselves). The device is synchronized after each
     free of a tensor used on another stream, so that its event has completed
     before the allocator next looks."""
-    live, recorded, trail = [], [], []
+    live, recorded, trail, pools = [], [], [], []
+    routed = None
+    device = torch.cuda.current_device()
     read = _stats_reader(torch, full)
     for op in ops:
-        if op[0] == "alloc":
+        if op[0] == "pool_new":
+            pools.append(torch.cuda.MemPool())
+        elif op[0] == "pool_enter":
+            routed = pools[op[1]]
+            torch._C._cuda_beginAllocateCurrentThreadToPool(device, routed.id)
+        elif op[0] == "pool_exit":
+            torch._C._cuda_endAllocateToPool(device, routed.id)
+            torch._C._cuda_releasePool(device, routed.id)
+            routed = None
+        elif op[0] == "pool_del":
+            del pools[op[1]]
+        elif op[0] == "alloc":
             with torch.cuda.stream(streams[op[2]]):
                 live.append(torch.empty(op[1], dtype=torch.uint8, device="cuda"))
             recorded.append(False)
@@ -128,7 +167,12 @@ def run_program(torch, streams, ops, full):
         else:
             torch.cuda.reset_peak_memory_stats()
         trail.append(read())
+    if routed is not None:
+        torch._C._cuda_endAllocateToPool(device, routed.id)
+        torch._C._cuda_releasePool(device, routed.id)
+        routed = None
     live.clear()
+    pools.clear()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

@@ -12,9 +12,21 @@ def test_a_seed_gives_one_valid_program(dc):
     for seed in range(200):
         ops = dc.program(seed, 150)
         assert ops == dc.program(seed, 150)
-        live = 0
+        live, pools, routed = 0, 0, False
         for op in ops:
-            if op[0] == "alloc":
+            if op[0] == "pool_new":
+                assert not routed and pools < dc.MAX_POOLS
+                pools += 1
+            elif op[0] == "pool_enter":
+                assert not routed and 0 <= op[1] < pools
+                routed = True
+            elif op[0] == "pool_exit":
+                assert routed
+                routed = False
+            elif op[0] == "pool_del":
+                assert not routed and 0 <= op[1] < pools
+                pools -= 1
+            elif op[0] == "alloc":
                 assert 1 <= op[1] < 400 * dc.MIB and 0 <= op[2] < dc.STREAMS
                 live += 1
             elif op[0] == "free":
@@ -23,7 +35,8 @@ def test_a_seed_gives_one_valid_program(dc):
             elif op[0] == "record":
                 assert 0 <= op[1] < live and 0 <= op[2] < dc.STREAMS
     kinds = {op[0] for seed in range(50) for op in dc.program(seed, 150)}
-    assert kinds == {"alloc", "free", "record", "empty_cache", "reset_peak"}
+    assert kinds == {"alloc", "free", "record", "empty_cache", "reset_peak",
+                     "pool_new", "pool_enter", "pool_exit", "pool_del"}
     assert dc.program(1, 150) != dc.program(2, 150)
 
 
@@ -51,6 +64,7 @@ class _FakeTorch:
 
     def __init__(self):
         self.syncs, self.reads, self.allocs = 0, 0, []
+        self.pool_count, self.routes, self.released = 0, [], []
         fake = self
 
         class _Tensor:
@@ -87,11 +101,28 @@ class _FakeTorch:
                 fake.reads += 1
                 return {"allocation.all.current": len(fake.allocs)}
 
+            class MemPool:
+                def __init__(self):
+                    fake.pool_count += 1
+                    self.id = (0, fake.pool_count)
+
         class _C:
             @staticmethod
             def _cuda_memoryStats(device):
                 fake.reads += 1
                 return {"allocation": {"all": {"current": len(fake.allocs)}}}
+
+            @staticmethod
+            def _cuda_beginAllocateCurrentThreadToPool(device, pool_id):
+                fake.routes.append(pool_id)
+
+            @staticmethod
+            def _cuda_endAllocateToPool(device, pool_id):
+                assert fake.routes.pop() == pool_id
+
+            @staticmethod
+            def _cuda_releasePool(device, pool_id):
+                fake.released.append(pool_id)
 
         self.cuda, self._C, self.uint8 = _Cuda(), _C, "uint8"
         self._tensor = _Tensor
@@ -109,3 +140,12 @@ def test_a_program_syncs_only_after_freeing_a_tensor_used_on_another_stream(dc):
     assert torch.syncs == 1 + 1  # the recorded tensor's free, then the program's end
     full = dc.run_program(_FakeTorch(), [None] * dc.STREAMS, ops, True)
     assert full[0] == {"allocation.all.current": 1}
+
+
+def test_a_route_left_open_is_closed_at_the_program_end(dc):
+    torch = _FakeTorch()
+    ops = [("pool_new",), ("pool_enter", 0), ("alloc", 10, 0), ("pool_exit",), ("pool_new",),
+           ("pool_enter", 1), ("alloc", 20, 1)]
+    trail = dc.run_program(torch, [None] * dc.STREAMS, ops, False)
+    assert len(trail) == len(ops)
+    assert torch.routes == [] and torch.released == [(0, 1), (0, 2)]
