@@ -175,6 +175,11 @@ impl PoolBook {
         self.records.get(&id).copied()
     }
 
+    /// Pool `id`'s use count (0 for a pool this book does not know).
+    pub(crate) fn use_count(&self, id: PoolId) -> u32 {
+        self.get(id).map_or(0, |r| r.use_count)
+    }
+
     /// Pool `id`'s record, or the error naming it unknown.
     pub(crate) fn require(&self, id: PoolId) -> Result<PoolRecord> {
         not_default(id)?;

@@ -122,6 +122,9 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 
 constexpr int kOk = 0;
 constexpr int kOom = 1;
+// cachalot_pool_set_option's options (OPTION_* in pools.rs).
+constexpr int kUseOnOom = 0;
+constexpr int kNoSplit = 1;
 constexpr size_t kStatsLen = 9 * 3 * 4 + 2 * 4 + 5 + 1;
 
 // Takes a message the library allocated.
@@ -708,11 +711,11 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
-    set_option(device, id, 0, use_on_oom);
+    set_option(device, id, kUseOnOom, use_on_oom);
   }
 
   void setNoSplit(c10::DeviceIndex device, MempoolId_t id) override {
-    set_option(device, id, 1, true);
+    set_option(device, id, kNoSplit, true);
   }
 
   bool checkPoolLiveAllocations(

@@ -562,7 +562,7 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn pool_use_count(&self, id: PoolId) -> u32 {
-        self.book().get(id).map_or(0, |r| r.use_count)
+        self.book().use_count(id)
     }
 
     fn empty_pool_cache(&self, id: PoolId) -> Result<()> {

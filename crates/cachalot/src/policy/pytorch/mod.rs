@@ -180,7 +180,7 @@ impl DeviceAllocator for PytorchAllocator {
     }
 
     fn pool_use_count(&self, id: PoolId) -> u32 {
-        self.lock().book.get(id).map_or(0, |r| r.use_count)
+        self.lock().book.use_count(id)
     }
 
     fn empty_pool_cache(&self, id: PoolId) -> Result<()> {

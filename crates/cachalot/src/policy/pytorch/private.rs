@@ -15,9 +15,6 @@ impl State {
     /// The pool a request on `stream` goes to: its slot and options (slot 0 and
     /// no options for the default pools).
     pub(crate) fn route(&self, stream: StreamId) -> (u32, PoolOptions) {
-        if !self.book.routing() {
-            return (0, PoolOptions::default());
-        }
         self.book
             .route(stream)
             .map_or((0, PoolOptions::default()), |r| (r.slot, r.options))
