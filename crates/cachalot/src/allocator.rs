@@ -143,7 +143,9 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// pool; [`Error::Backend`](crate::Error::Backend) when the device fails.
     fn empty_pool_cache(&self, id: PoolId) -> Result<()>;
 
-    /// Private pool `id`'s live allocations, by address.
+    /// Private pool `id`'s live allocations, by address. Frees deferred by a
+    /// route that has closed get their events first (as PyTorch's
+    /// `getCheckpointState`).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.

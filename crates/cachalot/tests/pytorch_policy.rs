@@ -115,3 +115,82 @@ fn cross_stream_free_waits_for_the_other_stream() {
     a.empty_cache().unwrap();
     assert_eq!(sim.inner().live_objects(), 0);
 }
+
+/// As PyTorch 2.11: a block freed while a route is open waits, once the route
+/// closes, only for the streams recorded before the route; streams recorded
+/// during it carry captured work that has not run.
+#[test]
+fn frees_deferred_by_a_route_drop_the_streams_recorded_during_it() {
+    use cachalot::private_pool::PoolId;
+    let (sim, a) = make("", 1 << 30);
+    sim.inner().set_manual_events(true);
+    let (before, during) = (StreamId(5), StreamId(6));
+    let p = a.malloc(4 * MIB, S0).unwrap();
+    let q = a.malloc(4 * MIB, S0).unwrap();
+    a.record_stream(p, before).unwrap();
+    a.begin_allocate_to_pool(PoolId(1, 0), Arc::new(move |s| s == during))
+        .unwrap();
+    a.record_stream(p, during).unwrap();
+    a.record_stream(q, during).unwrap();
+    a.free(p).unwrap();
+    a.free(q).unwrap();
+    assert_eq!(
+        a.stats().active.all.current,
+        2,
+        "both wait for the route to close"
+    );
+    a.end_allocate_to_pool(PoolId(1, 0)).unwrap();
+    a.release_pool(PoolId(1, 0)).unwrap();
+    let r = a.malloc(4 * MIB, S0).unwrap();
+    assert_eq!(r, q, "q waited only for the captured stream: freed at once");
+    sim.inner().complete_stream(during);
+    let t = a.malloc(4 * MIB, S0).unwrap();
+    assert_ne!(
+        t, p,
+        "p still waits for the stream recorded before the route"
+    );
+    sim.inner().complete_stream(before);
+    a.free(r).unwrap();
+    a.free(t).unwrap();
+    a.empty_cache().unwrap();
+    a.validate().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+}
+
+/// As PyTorch 2.11's `emptyCache(pool)` (a MemPool's destructor): it waits
+/// for the events of that pool's blocks only; other blocks stay pending.
+#[test]
+fn emptying_one_pool_waits_only_for_its_blocks() {
+    use cachalot::private_pool::PoolId;
+    let (sim, a) = make("", 1 << 30);
+    sim.inner().set_manual_events(true);
+    let pool = PoolId(0, 1);
+    let side = StreamId(7);
+    a.create_pool(pool).unwrap();
+    a.begin_allocate_to_pool(pool, Arc::new(|_| true)).unwrap();
+    let in_pool = a.malloc(4 * MIB, S0).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    a.release_pool(pool).unwrap();
+    let outside = a.malloc(4 * MIB, S0).unwrap();
+    for p in [in_pool, outside] {
+        a.record_stream(p, side).unwrap();
+        a.free(p).unwrap();
+    }
+    a.release_pool(pool).unwrap();
+    a.empty_pool_cache(pool).unwrap();
+    let st = a.stats();
+    assert_eq!(
+        st.active.all.current, 1,
+        "the default pool's block still waits"
+    );
+    assert_eq!(st.num_sync_all_streams, 1);
+    assert_eq!(
+        a.memory_reserved(),
+        20 * MIB,
+        "the pool's segment went back"
+    );
+    sim.inner().complete_stream(side);
+    a.empty_cache().unwrap();
+    a.validate().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+}

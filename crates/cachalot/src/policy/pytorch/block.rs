@@ -46,6 +46,9 @@ pub(crate) struct Block {
     pub(crate) event_count: u32,
     /// Other streams that used the block (`record_stream`), until its free.
     pub(crate) stream_uses: Vec<StreamId>,
+    /// The streams recorded while a route was open. A free deferred past the
+    /// route drops them: work captured on them has not run yet.
+    pub(crate) capture_uses: Vec<StreamId>,
     /// The pool's GC clock when the block entered the pool.
     pub(crate) gc_base: i64,
     /// The owning segment.
@@ -82,6 +85,7 @@ impl Block {
             next: Some(next),
             event_count: self.event_count,
             stream_uses: Vec::new(),
+            capture_uses: Vec::new(),
             gc_base: self.gc_base,
             segment: self.segment,
             expandable: self.expandable,

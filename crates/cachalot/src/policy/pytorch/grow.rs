@@ -206,6 +206,7 @@ fn new_block(
         next: None,
         event_count: 0,
         stream_uses: Vec::new(),
+        capture_uses: Vec::new(),
         gc_base: 0,
         segment,
         expandable,

@@ -56,7 +56,7 @@ impl State {
         if record.use_count > 0 {
             return Ok(());
         }
-        self.synchronize_and_free_events()?;
+        self.synchronize_and_free_events(Some(record.slot))?;
         self.release_pool_blocks(record.slot)?;
         self.forget_empty_freeable_pools();
         Ok(())
@@ -90,9 +90,14 @@ impl State {
         }
     }
 
-    /// The live allocations of private pool `id`, by address.
-    pub(crate) fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
+    /// The live allocations of private pool `id`, by address. As PyTorch's
+    /// checkpoint, it first records the events of frees deferred by a route
+    /// that has closed.
+    pub(crate) fn pool_allocations(&mut self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         let slot = self.book.require(id)?.slot;
+        if !self.book.routing() {
+            self.insert_deferred_events()?;
+        }
         let mut live: Vec<PoolAllocation> = self
             .allocated
             .values()
@@ -172,6 +177,7 @@ impl State {
             size: len,
             next: Some(id),
             stream_uses: Vec::new(),
+            capture_uses: Vec::new(),
             ..b.clone()
         };
         let prev = b.prev;

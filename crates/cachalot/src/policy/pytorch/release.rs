@@ -139,7 +139,7 @@ impl State {
             self.release_freeable_pools()?;
             return Ok(());
         }
-        self.synchronize_and_free_events()?;
+        self.synchronize_and_free_events(None)?;
         self.release_pool_blocks(0)?;
         self.release_freeable_pools()?;
         self.retry_orphans();

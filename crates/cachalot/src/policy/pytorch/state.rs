@@ -60,7 +60,7 @@ pub(crate) struct State {
     /// Blocks freed after `record_stream` while a route was open: their events
     /// are recorded once no route is open (PyTorch queries no event during a
     /// capture).
-    pub(crate) deferred: Vec<BlockId>,
+    pub(crate) deferred: VecDeque<BlockId>,
     /// Allocated blocks by address.
     pub(crate) allocated: AddrMap<BlockId>,
     /// Outstanding cross-stream events, per stream, oldest first.
@@ -103,7 +103,7 @@ impl State {
             segments: Segments::default(),
             pools: vec![PoolPair::default()],
             book: PoolBook::default(),
-            deferred: Vec::new(),
+            deferred: VecDeque::new(),
             allocated: AddrMap::default(),
             pending: BTreeMap::new(),
             spare_events: Vec::new(),

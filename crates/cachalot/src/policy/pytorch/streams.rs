@@ -2,6 +2,8 @@
 //! streams that used a block, and the polling (at each malloc) or synchronizing
 //! (at `empty_cache`) of those events.
 
+use std::collections::VecDeque;
+
 use crate::backend::{DevicePtr, EventId, StreamId};
 use crate::error::{Error, FreeError, Result};
 
@@ -34,9 +36,16 @@ impl State {
     /// Marks the allocation at `ptr` as used by `stream`.
     pub(crate) fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<()> {
         let id = self.live_block(ptr)?;
+        let routing = self.book.routing();
         let b = &mut self.blocks[id];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
+        if stream == b.stream {
+            return Ok(());
+        }
+        if !b.stream_uses.contains(&stream) {
             b.stream_uses.push(stream);
+        }
+        if routing && !b.capture_uses.contains(&stream) {
+            b.capture_uses.push(stream);
         }
         Ok(())
     }
@@ -50,7 +59,7 @@ impl State {
         if self.book.routing() && !self.blocks[id].stream_uses.is_empty() {
             self.blocks[id].allocated = false;
             self.ledger.free_requested(&self.blocks[id]);
-            self.deferred.push(id);
+            self.deferred.push_back(id);
             return Ok(());
         }
         let events = if self.blocks[id].stream_uses.is_empty() {
@@ -89,12 +98,21 @@ impl State {
         }
     }
 
-    /// Records the events of the blocks freed while a route was open.
-    fn insert_deferred_events(&mut self) -> Result<()> {
-        while let Some(&id) = self.deferred.first() {
-            let uses = self.blocks[id].stream_uses.clone();
+    /// Records the events of the blocks freed while a route was open, on the
+    /// streams recorded before the route only (as PyTorch: what was captured
+    /// on the others has not run, and runs only when its graph replays).
+    pub(crate) fn insert_deferred_events(&mut self) -> Result<()> {
+        while let Some(&id) = self.deferred.front() {
+            let b = &self.blocks[id];
+            let uses: Vec<StreamId> = b
+                .stream_uses
+                .iter()
+                .filter(|s| !b.capture_uses.contains(s))
+                .copied()
+                .collect();
             let events = self.record_events(&uses)?;
-            self.deferred.remove(0);
+            self.deferred.pop_front();
+            self.blocks[id].capture_uses.clear();
             self.await_events(id, events);
         }
         Ok(())
@@ -146,20 +164,36 @@ impl State {
         Ok(())
     }
 
-    /// Waits for every outstanding event and reclaims the blocks.
-    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<()> {
+    /// Waits for the outstanding events (of the blocks of private pool slot
+    /// `only`, or of every block) and reclaims their blocks; blocks freed while
+    /// a route was open get their events first.
+    pub(crate) fn synchronize_and_free_events(&mut self, only: Option<u32>) -> Result<()> {
         self.ledger.synced_all();
         if !self.book.routing() {
             self.insert_deferred_events()?;
         }
         let streams: Vec<StreamId> = self.pending.keys().copied().collect();
         for s in streams {
-            while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {
-                self.backend.synchronize_event(front.event)?;
-                self.complete(s, front);
+            let queue = self.pending.remove(&s).unwrap_or_default();
+            let mut kept = VecDeque::new();
+            let mut rest = queue.into_iter();
+            while let Some(p) = rest.next() {
+                if only.is_some_and(|slot| self.blocks[p.block].pool != slot) {
+                    kept.push_back(p);
+                    continue;
+                }
+                if let Err(e) = self.backend.synchronize_event(p.event) {
+                    kept.push_back(p);
+                    kept.extend(rest);
+                    self.pending.insert(s, kept);
+                    return Err(e.into());
+                }
+                self.reclaim(p);
+            }
+            if !kept.is_empty() {
+                self.pending.insert(s, kept);
             }
         }
-        self.pending.retain(|_, q| !q.is_empty());
         Ok(())
     }
 
@@ -167,6 +201,12 @@ impl State {
         if let Some(q) = self.pending.get_mut(&stream) {
             q.pop_front();
         }
+        self.reclaim(done);
+    }
+
+    /// Counts the completed event `done` off its block, freeing the block at
+    /// its last.
+    fn reclaim(&mut self, done: PendingEvent) {
         self.spare_events.push(done.event);
         let b = &mut self.blocks[done.block];
         b.event_count -= 1;
