@@ -12,6 +12,7 @@ use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
+use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -161,6 +162,14 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// pool, or when an allocation of `live` is not free memory of the pool
     /// once its allocations are freed (the frees stay done).
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
+
+    /// What lies under the live allocation at `ptr` (a segment, or mapped
+    /// pages), for sharing it with another process ([`crate::ipc::share`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidFree`](crate::Error::InvalidFree) when `ptr` is not a
+    /// live allocation.
+    fn backing(&self, ptr: DevicePtr) -> Result<Backing>;
 
     /// Checks every invariant (walks all state).
     ///

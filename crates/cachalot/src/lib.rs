@@ -106,6 +106,7 @@ pub mod error;
 pub mod event;
 pub mod golden;
 pub mod history;
+pub mod ipc;
 pub mod policy;
 pub mod private_pool;
 pub mod replay;

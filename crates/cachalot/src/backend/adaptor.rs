@@ -5,7 +5,7 @@
 //! call (its kind and the bytes it asks for) and may refuse it; `after` sees each
 //! memory grant and return that succeeded. [`adaptor!`](crate::backend::adaptor)
 //! then writes the [`Backend`](super::Backend) implementation that calls the hooks
-//! and forwards to `inner`, so no adaptor repeats the trait's sixteen methods.
+//! and forwards to `inner`, so no adaptor repeats the trait's methods.
 
 use super::{BackendResult, CallKind};
 
@@ -111,6 +111,67 @@ macro_rules! adaptor {
                     },
                 );
                 Ok(())
+            }
+
+            fn export_segment(
+                &self,
+                base: $crate::backend::DevicePtr,
+            ) -> $crate::backend::BackendResult<[u8; $crate::backend::IPC_HANDLE_BYTES]> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::ExportSegment,
+                    0,
+                )?;
+                self.inner.export_segment(base)
+            }
+
+            fn open_segment(
+                &self,
+                handle: &[u8; $crate::backend::IPC_HANDLE_BYTES],
+            ) -> $crate::backend::BackendResult<$crate::backend::DevicePtr> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::OpenSegment,
+                    0,
+                )?;
+                self.inner.open_segment(handle)
+            }
+
+            fn close_segment(
+                &self,
+                ptr: $crate::backend::DevicePtr,
+            ) -> $crate::backend::BackendResult<()> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::CloseSegment,
+                    0,
+                )?;
+                self.inner.close_segment(ptr)
+            }
+
+            fn export_page(
+                &self,
+                page: $crate::backend::PageHandle,
+            ) -> $crate::backend::BackendResult<std::os::fd::OwnedFd> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::ExportPage,
+                    0,
+                )?;
+                self.inner.export_page(page)
+            }
+
+            fn import_page(
+                &self,
+                fd: std::os::fd::BorrowedFd<'_>,
+                size: u64,
+            ) -> $crate::backend::BackendResult<$crate::backend::PageHandle> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::ImportPage,
+                    size,
+                )?;
+                self.inner.import_page(fd, size)
             }
 
             fn reserve_range(

@@ -22,9 +22,12 @@
 mod driver;
 mod registry;
 
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUresult};
@@ -33,7 +36,7 @@ use self::driver::{check, Context};
 use self::registry::Registry;
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
-    PageHandle, StreamId,
+    PageHandle, StreamId, IPC_HANDLE_BYTES,
 };
 
 /// One GPU, driven through the CUDA driver. See the module docs.
@@ -41,6 +44,10 @@ pub struct CudaBackend {
     caps: Capabilities,
     ctx: Context,
     registry: RwLock<Registry>,
+    /// Whether pages are created exportable (cleared when the driver refuses).
+    shareable_pages: AtomicBool,
+    /// Segments of other processes opened here.
+    opened: Mutex<HashSet<DevicePtr>>,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -96,6 +103,8 @@ impl CudaBackend {
             caps,
             ctx,
             registry: RwLock::new(Registry::default()),
+            shareable_pages: AtomicBool::new(true),
+            opened: Mutex::new(HashSet::new()),
         })
     }
 
@@ -129,6 +138,44 @@ impl CudaBackend {
 
     fn write(&self) -> RwLockWriteGuard<'_, Registry> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `cuMemCreate` of `bytes`, exportable while the driver allows it: a
+    /// refusal of the exportable kind (no POSIX descriptors here) falls back
+    /// to plain pages for good.
+    fn create_handle(
+        &self,
+        call: CallKind,
+        size: u64,
+        bytes: usize,
+    ) -> BackendResult<sys::CUmemGenericAllocationHandle> {
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        if self.shareable_pages.load(Ordering::Relaxed) {
+            let prop = driver::page_properties(self.ctx.device(), true);
+            // SAFETY: the context is current; `prop` is fully initialised on our
+            // stack; `handle` is a valid out-pointer; the size is a granularity
+            // multiple.
+            let code = driver::raw(call, || unsafe {
+                sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+            })?;
+            match code {
+                CUresult::CUDA_SUCCESS => return Ok(handle),
+                CUresult::CUDA_ERROR_NOT_SUPPORTED | CUresult::CUDA_ERROR_INVALID_VALUE => {
+                    self.shareable_pages.store(false, Ordering::Relaxed);
+                }
+                _ => check(call, size, || code)?,
+            }
+        }
+        let prop = driver::page_properties(self.ctx.device(), false);
+        // SAFETY: as above.
+        check(call, size, || unsafe {
+            sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+        })?;
+        Ok(handle)
+    }
+
+    fn opened(&self) -> std::sync::MutexGuard<'_, HashSet<DevicePtr>> {
+        self.opened.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Bytes in live segments and pages obtained through this backend.
@@ -383,15 +430,9 @@ impl Backend for CudaBackend {
         let call = CallKind::CreatePage;
         self.require_virtual_memory(call)?;
         let bytes = request_bytes(call, size, self.caps.granularity)?;
-        let prop = driver::page_properties(self.ctx.device());
         let mut reg = self.write();
         self.ctx.bind(call)?;
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: the context is current; `prop` is fully initialised on our stack;
-        // `handle` is a valid out-pointer; the size is a granularity multiple.
-        check(call, size, || unsafe {
-            sys::cuMemCreate(&mut handle, bytes, &prop, 0)
-        })?;
+        let handle = self.create_handle(call, size, bytes)?;
         reg.add_page(PageHandle(handle), size);
         Ok(PageHandle(handle))
     }
@@ -534,6 +575,102 @@ impl Backend for CudaBackend {
         self.ctx.bind(call)?;
         // SAFETY: the context is current; the call takes no arguments.
         check(call, 0, || unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn export_segment(&self, base: DevicePtr) -> BackendResult<[u8; IPC_HANDLE_BYTES]> {
+        let call = CallKind::ExportSegment;
+        self.read().check_segment(base)?;
+        self.ctx.bind(call)?;
+        let mut handle = sys::CUipcMemHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: the context is current; `base` is a live segment's base; `handle`
+        // is a valid out-pointer.
+        check(call, 0, || unsafe {
+            sys::cuIpcGetMemHandle(&mut handle, base)
+        })?;
+        Ok(handle.reserved.map(|b| b as u8))
+    }
+
+    fn open_segment(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> BackendResult<DevicePtr> {
+        let call = CallKind::OpenSegment;
+        self.ctx.bind(call)?;
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: the context is current; `ptr` is a valid out-pointer; the driver
+        // checks the handle's bytes.
+        check(call, 0, || unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, flags)
+        })?;
+        self.opened().insert(ptr);
+        Ok(ptr)
+    }
+
+    fn close_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let call = CallKind::CloseSegment;
+        let mut opened = self.opened();
+        if !opened.contains(&ptr) {
+            return Err(BackendError::InvalidAddress {
+                call,
+                what: "opened segment",
+                value: ptr,
+            });
+        }
+        self.ctx.bind(call)?;
+        // SAFETY: `ptr` came from cuIpcOpenMemHandle here and is not closed yet.
+        check(call, 0, || unsafe { sys::cuIpcCloseMemHandle(ptr) })?;
+        opened.remove(&ptr);
+        Ok(())
+    }
+
+    fn export_page(&self, page: PageHandle) -> BackendResult<OwnedFd> {
+        let call = CallKind::ExportPage;
+        if !self.read().has_page(page) {
+            return Err(BackendError::InvalidAddress {
+                call,
+                what: "page",
+                value: page.0,
+            });
+        }
+        self.ctx.bind(call)?;
+        let mut fd: std::ffi::c_int = -1;
+        let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // SAFETY: the page is live; for POSIX descriptors the driver writes one
+        // int through the pointer, which points at `fd` on our stack.
+        check(call, 0, || unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast::<c_void>(),
+                page.0,
+                kind,
+                0,
+            )
+        })?;
+        // SAFETY: on success the driver opened `fd` for us; nothing else owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> BackendResult<PageHandle> {
+        let call = CallKind::ImportPage;
+        self.require_virtual_memory(call)?;
+        Registry::check_size(call, size, self.caps.granularity)?;
+        let mut reg = self.write();
+        self.ctx.bind(call)?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        // SAFETY: for POSIX descriptors the driver takes the descriptor's value in
+        // the pointer argument and only reads it; `handle` is a valid out-pointer.
+        check(call, size, || unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut c_void,
+                kind,
+            )
+        })?;
+        reg.add_page(PageHandle(handle), size);
+        Ok(PageHandle(handle))
     }
 }
 

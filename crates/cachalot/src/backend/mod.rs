@@ -45,6 +45,7 @@ pub mod recorded;
 pub mod sim;
 
 use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -123,11 +124,16 @@ pub enum CallKind {
     SynchronizeStream,
     SynchronizeDevice,
     MemInfo,
+    ExportSegment,
+    OpenSegment,
+    CloseSegment,
+    ExportPage,
+    ImportPage,
 }
 
 impl CallKind {
     /// Every kind, in declaration order.
-    pub const ALL: [CallKind; 16] = [
+    pub const ALL: [CallKind; 21] = [
         CallKind::SegmentAlloc,
         CallKind::SegmentFree,
         CallKind::ReserveRange,
@@ -144,6 +150,11 @@ impl CallKind {
         CallKind::SynchronizeStream,
         CallKind::SynchronizeDevice,
         CallKind::MemInfo,
+        CallKind::ExportSegment,
+        CallKind::OpenSegment,
+        CallKind::CloseSegment,
+        CallKind::ExportPage,
+        CallKind::ImportPage,
     ];
 
     /// A stable snake_case name (used in JSON reports).
@@ -165,6 +176,11 @@ impl CallKind {
             CallKind::SynchronizeStream => "synchronize_stream",
             CallKind::SynchronizeDevice => "synchronize_device",
             CallKind::MemInfo => "mem_info",
+            CallKind::ExportSegment => "export_segment",
+            CallKind::OpenSegment => "open_segment",
+            CallKind::CloseSegment => "close_segment",
+            CallKind::ExportPage => "export_page",
+            CallKind::ImportPage => "import_page",
         }
     }
 
@@ -367,4 +383,70 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`BackendError::Device`] on driver failure.
     fn synchronize_device(&self) -> BackendResult<()>;
+
+    /// The handle another process opens segment `base` with
+    /// (`cuIpcGetMemHandle`).
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] on a backend without processes to share
+    /// with; [`BackendError::InvalidAddress`] when `base` is not a live
+    /// segment's base.
+    fn export_segment(&self, base: DevicePtr) -> BackendResult<[u8; IPC_HANDLE_BYTES]> {
+        let _ = base;
+        Err(ipc_unsupported(CallKind::ExportSegment))
+    }
+
+    /// Opens another process's segment in this one (`cuIpcOpenMemHandle`).
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] as [`Backend::export_segment`];
+    /// [`BackendError::Device`] when the driver refuses the handle.
+    fn open_segment(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> BackendResult<DevicePtr> {
+        let _ = handle;
+        Err(ipc_unsupported(CallKind::OpenSegment))
+    }
+
+    /// Closes a segment opened by [`Backend::open_segment`]
+    /// (`cuIpcCloseMemHandle`).
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] when `ptr` was not opened here.
+    fn close_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        let _ = ptr;
+        Err(ipc_unsupported(CallKind::CloseSegment))
+    }
+
+    /// A file descriptor another process imports `page` with
+    /// (`cuMemExportToShareableHandle`); the caller owns it.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] without shareable pages;
+    /// [`BackendError::InvalidAddress`] for an unknown page.
+    fn export_page(&self, page: PageHandle) -> BackendResult<OwnedFd> {
+        let _ = page;
+        Err(ipc_unsupported(CallKind::ExportPage))
+    }
+
+    /// Imports another process's page of `size` bytes from a file descriptor
+    /// (`cuMemImportFromShareableHandle`). The page is then this backend's, to
+    /// map and release as one it created.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] as [`Backend::export_page`];
+    /// [`BackendError::Device`] when the driver refuses the descriptor.
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> BackendResult<PageHandle> {
+        let _ = (fd, size);
+        Err(ipc_unsupported(CallKind::ImportPage))
+    }
 }
+
+/// The error of an IPC call a backend without other processes does not offer.
+fn ipc_unsupported(call: CallKind) -> BackendError {
+    BackendError::Unsupported {
+        call,
+        backend: "simulated",
+    }
+}
+
+/// Bytes of a CUDA IPC memory handle (`CU_IPC_HANDLE_SIZE`).
+pub const IPC_HANDLE_BYTES: usize = 64;

@@ -294,3 +294,64 @@ pub fn observer_sees_every_transition(a: &dyn DeviceAllocator) {
     let alloc = events.iter().find(|e| e.action == Action::Alloc).unwrap();
     assert_eq!((alloc.addr, alloc.size), (p, 12 * MIB));
 }
+
+/// `backing` names the segment under each live allocation, or the pages
+/// mapped under all of it, and refuses addresses that are not live.
+pub fn backing_covers_each_allocation(a: &dyn DeviceAllocator) {
+    use cachalot::ipc::Backing;
+    let sizes = [1000u64, 3 << 20, 45 << 20];
+    let ptrs: Vec<u64> = sizes
+        .iter()
+        .map(|s| a.malloc(*s, StreamId::DEFAULT).unwrap())
+        .collect();
+    for (p, size) in ptrs.iter().zip(sizes) {
+        match a.backing(*p).unwrap() {
+            Backing::Segment { base } => {
+                let seg = a
+                    .snapshot()
+                    .segments
+                    .into_iter()
+                    .find(|s| s.address == base)
+                    .expect("the base is a segment's");
+                assert!(base <= *p && p + size <= base + seg.total_size);
+            }
+            Backing::Pages {
+                base,
+                page_size,
+                pages,
+            } => {
+                assert!(
+                    base <= *p && *p < base + page_size,
+                    "starts in the first page"
+                );
+                let end = base + page_size * pages.len() as u64;
+                assert!(
+                    p + size <= end && end < p + size + page_size,
+                    "ends in the last"
+                );
+                let mut distinct = pages.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                assert_eq!(distinct.len(), pages.len());
+            }
+        }
+    }
+    let e = a.backing(ptrs[0] + 1).unwrap_err();
+    assert!(matches!(e, Error::InvalidFree { .. }), "{e}");
+    match cachalot::ipc::share(a, ptrs[1]) {
+        Ok(shared) => {
+            let base = match a.backing(ptrs[1]).unwrap() {
+                Backing::Segment { base } | Backing::Pages { base, .. } => base,
+            };
+            assert_eq!(shared.offset, ptrs[1] - base);
+            assert!(cachalot::ipc::handle::Handle::decode(&shared.handle).is_ok());
+        }
+        // A simulated device has no other process to share with.
+        Err(e) => assert!(e.to_string().contains("not supported"), "{e}"),
+    }
+    for p in ptrs {
+        a.free(p).unwrap();
+    }
+    assert!(a.backing(0x1234).is_err());
+    a.validate().unwrap();
+}

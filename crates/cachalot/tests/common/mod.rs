@@ -49,6 +49,10 @@ macro_rules! conformance_suite {
                 common::conformance::memory_fraction_limits_and_recovers(&*make());
             }
             #[test]
+            fn backing_covers_each_allocation() {
+                common::conformance::backing_covers_each_allocation(&*make());
+            }
+            #[test]
             fn stat_resets() {
                 common::conformance::stat_resets(&*make());
             }

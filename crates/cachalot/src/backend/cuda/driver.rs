@@ -243,11 +243,16 @@ pub(super) fn supports_virtual_memory(device: sys::CUdevice) -> BackendResult<bo
     Ok(value != 0)
 }
 
-/// The properties of a page of pinned device memory on `device`.
-pub(super) fn page_properties(device: sys::CUdevice) -> sys::CUmemAllocationProp {
+/// The properties of a page of pinned device memory on `device`; a
+/// `shareable` one can be exported as a POSIX file descriptor.
+pub(super) fn page_properties(device: sys::CUdevice, shareable: bool) -> sys::CUmemAllocationProp {
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: if shareable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        },
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -275,7 +280,7 @@ pub(super) fn access_descriptor(device: sys::CUdevice) -> sys::CUmemAccessDesc {
 
 /// The minimum page size (and mapping alignment) for `device`.
 pub(super) fn granularity(device: sys::CUdevice) -> BackendResult<u64> {
-    let prop = page_properties(device);
+    let prop = page_properties(device, false);
     let mut g: usize = 0;
     let flag = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
     // SAFETY: `prop` is a fully initialised property struct on our stack and `g` a

@@ -146,6 +146,11 @@ impl Registry {
         self.pages.insert(page, Page { size, mappings: 0 });
     }
 
+    /// Whether `page` is live.
+    pub(super) fn has_page(&self, page: PageHandle) -> bool {
+        self.pages.contains_key(&page)
+    }
+
     /// Checks that `page` is live and mapped nowhere.
     pub(super) fn check_page_release(&self, page: PageHandle) -> BackendResult<()> {
         let call = CallKind::ReleasePage;

@@ -81,6 +81,11 @@ impl Cells {
         self.base + (u64::from(cell) << self.shift)
     }
 
+    /// The page mapped in `cell`, if any.
+    pub(crate) fn page(&self, cell: u32) -> Option<PageHandle> {
+        self.pages.get(cell as usize).copied().flatten()
+    }
+
     /// Makes the first `n` cells known.
     fn grow(&mut self, n: usize) {
         if n > self.pages.len() {

@@ -145,6 +145,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{check_request, Error, FreeError, InvariantViolation, OomReport, Result};
 use crate::event::Observer;
+use crate::ipc::Backing;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -571,6 +572,10 @@ impl DeviceAllocator for CachalotAllocator {
 
     fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
         self.private_allocations(id)
+    }
+
+    fn backing(&self, ptr: DevicePtr) -> Result<Backing> {
+        self.with_owner(ptr, |st| st.backing(ptr))
     }
 
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {

@@ -7,6 +7,7 @@
 //! new pages.
 
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
+use crate::ipc::Backing;
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
@@ -451,6 +452,28 @@ impl Pool {
                 self.heap.regions().map(|r| r.size).sum(),
                 self.heap.regions().count() as u64,
             ),
+        }
+    }
+
+    /// What lies under the live block at `addr`: the pages of its cells, or
+    /// its device segment.
+    pub(crate) fn backing(&self, addr: u64, size: u64) -> Backing {
+        match &self.cells {
+            Some(cells) => {
+                let span = cells.span(addr, size);
+                Backing::Pages {
+                    base: cells.addr(span.start),
+                    page_size: cells.granularity(),
+                    pages: span.filter_map(|c| cells.page(c)).collect(),
+                }
+            }
+            None => Backing::Segment {
+                base: self
+                    .heap
+                    .regions()
+                    .find(|r| r.base <= addr && addr < r.base + r.size)
+                    .map_or(addr, |r| r.base),
+            },
         }
     }
 

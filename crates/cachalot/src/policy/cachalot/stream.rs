@@ -42,6 +42,7 @@ use crate::backend::{
     Backend, BackendError, BackendResult, CallKind, EventId, PageHandle, StreamId,
 };
 use crate::error::FreeError;
+use crate::ipc::Backing;
 use crate::snapshot::SegmentInfo;
 
 use super::directory::RangeTable;
@@ -558,6 +559,14 @@ impl StreamState {
             }
         }
         Err(self.not_live(ptr))
+    }
+
+    /// What lies under the live allocation at `ptr`.
+    pub(crate) fn backing(&self, ptr: u64) -> Result<Backing, FreeError> {
+        let (p, id) = self.find(ptr)?;
+        let pool = &self.pools[p];
+        let b = pool.heap.block(id);
+        Ok(pool.backing(b.addr, b.end() - b.addr))
     }
 
     /// Takes the allocated block at `ptr` out of its pool's address index.

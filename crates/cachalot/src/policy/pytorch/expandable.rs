@@ -50,6 +50,17 @@ pub(crate) struct Unmapped {
 }
 
 impl ExpandableSegment {
+    /// The pages under `offset..offset + len` (relative to the base), from the
+    /// first page index, or `None` when one of them is not mapped.
+    pub(crate) fn pages_under(&self, offset: u64, len: u64) -> Option<(u64, Vec<PageHandle>)> {
+        let first = offset / self.page;
+        let end = (offset + len.max(1)).div_ceil(self.page);
+        let pages = (first..end)
+            .map(|i| self.pages.get(i as usize).copied().flatten())
+            .collect::<Option<Vec<_>>>()?;
+        Some((first, pages))
+    }
+
     /// Reserves a range for a segment of the given pool on a device of
     /// `total_memory` bytes; returns its base, its size and its bookkeeping.
     pub(crate) fn reserve(

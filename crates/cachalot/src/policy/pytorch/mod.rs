@@ -30,6 +30,7 @@ mod placement;
 mod pool;
 mod private;
 mod release;
+mod share;
 mod snapshot;
 mod state;
 mod streams;
@@ -42,6 +43,7 @@ use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
+use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
@@ -193,6 +195,10 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
         self.lock().restore_pool(id, live)
+    }
+
+    fn backing(&self, ptr: DevicePtr) -> Result<Backing> {
+        self.lock().backing(ptr)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {

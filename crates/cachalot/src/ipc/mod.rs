@@ -1,0 +1,112 @@
+//! Sharing live allocations with other processes (CUDA IPC), as
+//! torch.multiprocessing does with CUDA tensors.
+//!
+//! Glossary:
+//! - *backing*: what lies under an allocation: a device segment (`cuMemAlloc`),
+//!   or physical pages mapped in a reserved range.
+//! - *handle*: the bytes another process opens the allocation with
+//!   ([`handle`]); the allocation lies at a byte *offset* from what opens.
+//! - *share* / *open*: the two sides. A segment travels as a CUDA IPC handle
+//!   (PyTorch 2.11's own format, so either side may be PyTorch's allocator);
+//!   pages travel as POSIX file descriptors handed over a Unix socket
+//!   ([`server`]), then imported and mapped in a range of the receiver's.
+//!
+//! Invariants: an opened handle is mapped once per process however often it
+//! is opened ([`Imports`]); it stays mapped until its last opener closes it;
+//! the sender's memory is not reused while the receiver holds it only because
+//! the caller (torch.multiprocessing's reference counts) keeps the sender's
+//! allocation alive, as with PyTorch's allocator.
+
+pub mod handle;
+mod import;
+pub mod server;
+
+use std::sync::{Arc, OnceLock};
+
+pub use self::import::Imports;
+
+use crate::allocator::DeviceAllocator;
+use crate::backend::{DevicePtr, PageHandle};
+use crate::error::{Error, Result};
+
+use self::handle::Handle;
+use self::server::FdServer;
+
+/// What lies under a live allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// A device segment starting at `base`.
+    Segment {
+        /// The segment's base address.
+        base: DevicePtr,
+    },
+    /// Pages mapped one after another from `base`.
+    Pages {
+        /// Where the first page is mapped.
+        base: DevicePtr,
+        /// Bytes per page.
+        page_size: u64,
+        /// The pages, in address order.
+        pages: Vec<PageHandle>,
+    },
+}
+
+/// A shared allocation: the handle to send, and where the allocation lies
+/// from what the handle opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shared {
+    /// Bytes from the opened base to the allocation.
+    pub offset: u64,
+    /// The handle's bytes.
+    pub handle: Vec<u8>,
+}
+
+fn server() -> Result<&'static FdServer> {
+    static SERVER: OnceLock<std::result::Result<FdServer, String>> = OnceLock::new();
+    SERVER
+        .get_or_init(|| FdServer::start().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| Error::InvalidArgument(e.clone()))
+}
+
+/// Shares the live allocation at `ptr` of `alloc`.
+///
+/// # Errors
+/// [`Error::InvalidFree`] for an address that is not a live allocation;
+/// [`Error::Backend`] when the device cannot export it (a simulated device,
+/// pages made before exporting was possible); [`Error::InvalidArgument`] when
+/// the socket that hands out pages cannot be served.
+pub fn share(alloc: &dyn DeviceAllocator, ptr: DevicePtr) -> Result<Shared> {
+    let backend = alloc.backend().clone();
+    match alloc.backing(ptr)? {
+        Backing::Segment { base } => Ok(Shared {
+            offset: ptr - base,
+            handle: Handle::Segment(backend.export_segment(base)?).encode(),
+        }),
+        Backing::Pages {
+            base,
+            page_size,
+            pages,
+        } => {
+            // Fails now, not in the receiver, when the pages cannot be exported.
+            drop(backend.export_page(pages[0])?);
+            let count = u32::try_from(pages.len())
+                .map_err(|_| Error::InvalidArgument("too many pages to share".into()))?;
+            let server = server()?;
+            let pages = Arc::new(pages);
+            let token = server.offer(Arc::new(move || {
+                pages.iter().map(|p| backend.export_page(*p)).collect()
+            }));
+            let handle = Handle::Pages {
+                socket: server.name().to_string(),
+                token,
+                page_size,
+                count,
+            };
+            Ok(Shared {
+                offset: ptr - base,
+                handle: handle.encode(),
+            })
+        }
+    }
+}
