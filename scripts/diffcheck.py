@@ -18,13 +18,24 @@ cachalot (`CACHALOT_ALLOC_CONF=policy:pytorch,<conf>`); the driver compares
 their hashes operation by operation and, for the first programs that differ,
 runs them again to name the keys that differ, and at which operation.
 
-MemPools are in the programs (created, routed to as `use_mem_pool` does,
-left, deleted); graph captures are not yet.
+MemPools are in the programs (created with each option, routed to as
+`use_mem_pool` does, left, deleted), and so are CUDA graph captures (on a side
+stream, into the graph's own pool or a `graph_pool_handle()` shared by the
+graphs of the program, with allocations and frees on every stream during the
+capture; graphs deleted later). A capture never spans a device
+synchronization, an empty_cache, a deletion or the free of a tensor used on
+another stream (each would break the capture or race with its events).
 
     python3 scripts/diffcheck.py --programs 5000 --ops 120 --json out.json --markdown out.md
+
+With `--golden DIR` it records instead: PyTorch's own allocator runs
+`--programs` programs (one record_stream per tensor at most) per
+configuration, and DIR/pools.<configuration>.json.gz gets each program's
+operations and memory_stats() after each, for `cachalot parity`.
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -32,6 +43,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 
 CONFIGS = {
     "native": "",
@@ -62,51 +74,112 @@ def _size(rng):
 
 
 MAX_POOLS = 2
+MAX_GRAPHS = 2
 
 
-def program(seed, ops):
+class _Shape:
+    """What a program has at a point: live tensors (and which were recorded
+    on another stream), MemPools, graphs, and the open route if any."""
+
+    def __init__(self):
+        self.recorded = []
+        self.pools = 0
+        self.graphs = 0
+        self.route = None  # None, "pool" or ("capture", stream)
+
+
+def program(seed, ops, single_record=False):
     """`ops` operations: ("alloc", size, stream), ("free", k), ("record", k,
-    stream), ("empty_cache",), ("reset_peak",), and MemPool ones:
-    ("pool_new",), ("pool_enter", j) (this thread's allocations go to pool j,
-    as in `use_mem_pool`), ("pool_exit",), ("pool_del", j); k indexes the
-    live tensors in allocation order, j the live pools in creation order."""
+    stream), ("empty_cache",), ("reset_peak",); MemPool ones: ("pool_new",
+    use_on_oom, no_split), ("pool_enter", j) (this thread's allocations go to
+    pool j, as in `use_mem_pool`), ("pool_exit",), ("pool_del", j); graph
+    ones: ("capture_begin", stream, shared) (into the graph's own pool, or the
+    program's shared handle), ("capture_end",), ("graph_del", j). k indexes
+    the live tensors in allocation order, j the live pools or graphs in
+    creation order. With `single_record`, a tensor is recorded on one other
+    stream at most."""
     rng = random.Random(seed)
-    live, pools, routed, out = 0, 0, False, []
+    st, out = _Shape(), []
     for _ in range(ops):
-        r = rng.random()
-        if r < 0.03:
-            pool_op = _pool_op(rng, pools, routed)
-            if pool_op is not None:
-                out.append(pool_op)
-                pools += {"pool_new": 1, "pool_del": -1}.get(pool_op[0], 0)
-                routed = {"pool_enter": True, "pool_exit": False}.get(pool_op[0], routed)
-                continue
-        if live and r < 0.40:
-            out.append(("free", rng.randrange(live)))
-            live -= 1
-        elif live and r < 0.50:
-            out.append(("record", rng.randrange(live), rng.randrange(STREAMS)))
-        elif r < 0.52:
-            out.append(("empty_cache",))
-        elif r < 0.53:
-            out.append(("reset_peak",))
-        else:
-            out.append(("alloc", _size(rng), rng.randrange(STREAMS)))
-            live += 1
+        op = _next_op(rng, st, single_record)
+        _apply(st, op)
+        out.append(op)
     return out
 
 
-def _pool_op(rng, pools, routed):
+def _next_op(rng, st, single_record):
+    capturing = isinstance(st.route, tuple)
+    r = rng.random()
+    if capturing and r < 0.12:
+        return ("capture_end",)
+    if r < 0.03:
+        op = _pool_op(rng, st)
+        if op is not None:
+            return op
+    if r < 0.05 and not capturing:
+        op = _graph_op(rng, st)
+        if op is not None:
+            return op
+    free_ok = [k for k, rec in enumerate(st.recorded) if not (capturing and rec)]
+    if free_ok and r < 0.40:
+        return ("free", rng.choice(free_ok))
+    if st.recorded and r < 0.50 and not capturing:
+        k = rng.randrange(len(st.recorded))
+        if not (single_record and st.recorded[k]):
+            return ("record", k, rng.randrange(STREAMS))
+    if r < 0.52 and not capturing:
+        return ("empty_cache",)
+    if r < 0.53:
+        return ("reset_peak",)
+    return ("alloc", _size(rng), rng.randrange(STREAMS))
+
+
+def _apply(st, op):
+    kind = op[0]
+    if kind == "alloc":
+        st.recorded.append(False)
+    elif kind == "free":
+        st.recorded.pop(op[1])
+    elif kind == "record":
+        st.recorded[op[1]] = True
+    elif kind in ("pool_new", "pool_del"):
+        st.pools += 1 if kind == "pool_new" else -1
+    elif kind == "pool_enter":
+        st.route = "pool"
+    elif kind == "capture_begin":
+        st.route = ("capture", op[1])
+        st.graphs += 1
+    elif kind in ("pool_exit", "capture_end"):
+        st.route = None
+    elif kind == "graph_del":
+        st.graphs -= 1
+
+
+def _pool_op(rng, st):
     """A MemPool operation that is valid now, or None. A pool is deleted only
     while no route is open (PyTorch 2.11 aborts otherwise)."""
-    if routed:
+    if st.route == "pool":
         return ("pool_exit",)
+    if st.route is not None:
+        return None
     choices = []
-    if pools < MAX_POOLS:
-        choices.append(("pool_new",))
-    if pools:
-        choices.append(("pool_enter", rng.randrange(pools)))
-        choices.append(("pool_del", rng.randrange(pools)))
+    if st.pools < MAX_POOLS:
+        choices.append(("pool_new", rng.random() < 0.3, rng.random() < 0.3))
+    if st.pools:
+        choices.append(("pool_enter", rng.randrange(st.pools)))
+        choices.append(("pool_del", rng.randrange(st.pools)))
+    return rng.choice(choices) if choices else None
+
+
+def _graph_op(rng, st):
+    """A graph operation valid while no route is open, or None."""
+    if st.route is not None:
+        return None
+    choices = []
+    if st.graphs < MAX_GRAPHS:
+        choices.append(("capture_begin", rng.randrange(1, STREAMS), rng.random() < 0.5))
+    if st.graphs:
+        choices.append(("graph_del", rng.randrange(st.graphs)))
     return rng.choice(choices) if choices else None
 
 
@@ -130,49 +203,121 @@ def _stats_reader(torch, full):
     return lambda: _digest(raw(torch.cuda.current_device()))
 
 
-def run_program(torch, streams, ops, full):
+class _Runner:
+    """Runs one program's operations on PyTorch, keeping what they made, and
+    writes each as a golden operation (`golden`: ids for tensors, the real
+    pool ids)."""
+
+    def __init__(self, torch, streams):
+        self.torch, self.streams = torch, streams
+        self.device = torch.cuda.current_device()
+        self.live, self.recorded, self.ids, self.next_id = [], [], [], 0
+        self.pools, self.graphs = [], []
+        self.routed = None  # a MemPool, or (graph, stream index)
+        self.shared = None
+        self.golden = []
+
+    def step(self, op):
+        getattr(self, "_" + op[0])(*op[1:])
+
+    def _alloc(self, size, stream):
+        with self.torch.cuda.stream(self.streams[stream]):
+            self.live.append(self.torch.empty(size, dtype=self.torch.uint8, device="cuda"))
+        self.recorded.append(False)
+        self.ids.append(self.next_id)
+        self.golden.append(["alloc", self.next_id, size, stream])
+        self.next_id += 1
+
+    def _free(self, k):
+        del self.live[k]
+        self.golden.append(["free", self.ids.pop(k)])
+        if self.recorded.pop(k):
+            self.torch.cuda.synchronize()
+
+    def _record(self, k, stream):
+        self.live[k].record_stream(self.streams[stream])
+        self.recorded[k] = True
+        self.golden.append(["record", self.ids[k], stream])
+
+    def _empty_cache(self):
+        self.torch.cuda.empty_cache()
+        self.golden.append(["empty_cache"])
+
+    def _reset_peak(self):
+        self.torch.cuda.reset_peak_memory_stats()
+        self.golden.append(["reset_peak"])
+
+    def _pool_new(self, use_on_oom, no_split):
+        pool = self.torch.cuda.MemPool(use_on_oom=use_on_oom, no_split=no_split)
+        self.pools.append(pool)
+        self.golden.append(["pool_new", *pool.id, int(use_on_oom), int(no_split)])
+
+    def _pool_enter(self, j):
+        self.routed = self.pools[j]
+        self.torch._C._cuda_beginAllocateCurrentThreadToPool(self.device, self.routed.id)
+        self.golden.append(["pool_enter", *self.routed.id])
+
+    def _pool_exit(self):
+        pid = self.routed.id
+        self.torch._C._cuda_endAllocateToPool(self.device, pid)
+        self.torch._C._cuda_releasePool(self.device, pid)
+        self.routed = None
+        self.golden.append(["pool_exit", *pid])
+
+    def _pool_del(self, j):
+        pid = self.pools[j].id
+        del self.pools[j]
+        self.golden.append(["pool_del", *pid])
+
+    def _capture_begin(self, stream, shared):
+        if shared and self.shared is None:
+            self.shared = self.torch.cuda.graph_pool_handle()
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.stream(self.streams[stream]):
+            graph.capture_begin(pool=self.shared if shared else None, capture_error_mode="relaxed")
+        self.graphs.append(graph)
+        self.routed = (graph, stream)
+        self.golden.append(["capture_begin", *graph.pool(), stream])
+
+    def _capture_end(self):
+        graph, stream = self.routed
+        with self.torch.cuda.stream(self.streams[stream]):
+            graph.capture_end()
+        self.routed = None
+        self.golden.append(["capture_end", *graph.pool()])
+
+    def _graph_del(self, j):
+        pid = self.graphs[j].pool()
+        del self.graphs[j]
+        self.golden.append(["graph_del", *pid])
+
+    def close(self):
+        if isinstance(self.routed, tuple):
+            self._capture_end()
+        elif self.routed is not None:
+            self._pool_exit()
+        self.live.clear()
+        self.graphs.clear()
+        self.pools.clear()
+        self.shared = None
+
+
+def run_program(torch, streams, ops, full, golden=None):
     """Runs one program; returns each operation's statistics hash (or, with
     `full`, the statistics themselves). The device is synchronized after each
-    free of a tensor used on another stream, so that its event has completed
-    before the allocator next looks."""
-    live, recorded, trail, pools = [], [], [], []
-    routed = None
-    device = torch.cuda.current_device()
+    free of a tensor used on another stream (outside captures), so that its
+    event has completed before the allocator next looks. `golden`, a list,
+    receives the program's golden operations."""
     read = _stats_reader(torch, full)
-    for op in ops:
-        if op[0] == "pool_new":
-            pools.append(torch.cuda.MemPool())
-        elif op[0] == "pool_enter":
-            routed = pools[op[1]]
-            torch._C._cuda_beginAllocateCurrentThreadToPool(device, routed.id)
-        elif op[0] == "pool_exit":
-            torch._C._cuda_endAllocateToPool(device, routed.id)
-            torch._C._cuda_releasePool(device, routed.id)
-            routed = None
-        elif op[0] == "pool_del":
-            del pools[op[1]]
-        elif op[0] == "alloc":
-            with torch.cuda.stream(streams[op[2]]):
-                live.append(torch.empty(op[1], dtype=torch.uint8, device="cuda"))
-            recorded.append(False)
-        elif op[0] == "free":
-            del live[op[1]]
-            if recorded.pop(op[1]):
-                torch.cuda.synchronize()
-        elif op[0] == "record":
-            live[op[1]].record_stream(streams[op[2]])
-            recorded[op[1]] = True
-        elif op[0] == "empty_cache":
-            torch.cuda.empty_cache()
-        else:
-            torch.cuda.reset_peak_memory_stats()
-        trail.append(read())
-    if routed is not None:
-        torch._C._cuda_endAllocateToPool(device, routed.id)
-        torch._C._cuda_releasePool(device, routed.id)
-        routed = None
-    live.clear()
-    pools.clear()
+    runner, trail = _Runner(torch, streams), []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+        for op in ops:
+            runner.step(op)
+            trail.append(read())
+        if golden is not None:
+            golden.extend(runner.golden)
+        runner.close()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -191,8 +336,13 @@ def worker(args):
     streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(STREAMS - 1)]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else range(args.first, args.first + args.programs)
     for seed in seeds:
-        trail = run_program(torch, streams, program(seed, args.ops), args.full)
-        print(json.dumps({"seed": seed, "trail": trail}), flush=True)
+        ops = program(seed, args.ops, single_record=args.golden_ops)
+        golden = [] if args.golden_ops else None
+        trail = run_program(torch, streams, ops, args.full, golden)
+        line = {"seed": seed, "trail": trail}
+        if golden is not None:
+            line["ops"] = golden
+        print(json.dumps(line), flush=True)
     if args.allocator == "cachalot":
         cachalot_torch.validate()
 
@@ -314,11 +464,33 @@ def _markdown(rows, args, wall):
     return "\n".join(lines) + "\n"
 
 
+def record_golden(args):
+    """Runs the programs on PyTorch's own allocator per configuration and
+    writes DIR/pools.<configuration>.json.gz."""
+    os.makedirs(args.golden, exist_ok=True)
+    for name in args.configs.split(","):
+        cmd = _worker_cmd("native", args) + ["--full", "--golden-ops"]
+        run = subprocess.run(cmd, env=_env("native", CONFIGS[name]), capture_output=True, text=True, check=False)
+        lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
+        if run.returncode != 0 or len(lines) != args.programs:
+            print(f"{name}: exit {run.returncode}, {len(lines)} programs: {run.stderr[-800:]}")
+            return 1
+        entries = [{"name": f"pools_{x['seed']}", "conf": CONFIGS[name], "ops": x["ops"], "after": x["trail"]}
+                   for x in lines]  # fmt: skip
+        path = os.path.join(args.golden, f"pools.{name}.json.gz")
+        with gzip.open(path, "wt") as f:
+            json.dump(entries, f)
+        print(f"{path}: {len(entries)} programs, {sum(len(e['ops']) for e in entries)} operations")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", choices=["native", "cachalot"], help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--golden-ops", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--golden", metavar="DIR", help="record golden files for `cachalot parity` instead")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--programs", type=int, default=5000, help="programs per configuration")
     p.add_argument("--first", type=int, default=0, help="first seed")
@@ -331,7 +503,7 @@ def main():
         args.allocator = args.worker
         worker(args)
         return 0
-    return driver(args)
+    return record_golden(args) if args.golden else driver(args)
 
 
 if __name__ == "__main__":

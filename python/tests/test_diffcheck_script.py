@@ -8,35 +8,59 @@ def dc(script):
     return script("diffcheck")
 
 
+def _check_program(dc, ops, single_record=False):
+    """Replays the rules a program must keep; returns the kinds it used."""
+    recorded, pools, graphs, route = [], 0, 0, None
+    for op in ops:
+        kind = op[0]
+        capturing = route == "capture"
+        if kind in ("pool_new", "pool_del", "pool_enter", "capture_begin", "graph_del", "empty_cache", "record"):
+            assert route is None or (kind in ("empty_cache", "record") and route == "pool"), (op, route)
+        if kind == "pool_new":
+            assert pools < dc.MAX_POOLS
+            pools += 1
+        elif kind == "pool_enter":
+            assert 0 <= op[1] < pools
+            route = "pool"
+        elif kind == "pool_exit":
+            assert route == "pool"
+            route = None
+        elif kind == "pool_del":
+            assert 0 <= op[1] < pools
+            pools -= 1
+        elif kind == "capture_begin":
+            assert graphs < dc.MAX_GRAPHS and 1 <= op[1] < dc.STREAMS
+            graphs += 1
+            route = "capture"
+        elif kind == "capture_end":
+            assert capturing
+            route = None
+        elif kind == "graph_del":
+            assert 0 <= op[1] < graphs
+            graphs -= 1
+        elif kind == "alloc":
+            assert 1 <= op[1] < 400 * dc.MIB and 0 <= op[2] < dc.STREAMS
+            recorded.append(False)
+        elif kind == "free":
+            assert 0 <= op[1] < len(recorded)
+            assert not (capturing and recorded[op[1]]), "a capture never waits on an event"
+            recorded.pop(op[1])
+        elif kind == "record":
+            assert 0 <= op[1] < len(recorded) and 0 <= op[2] < dc.STREAMS
+            assert not (single_record and recorded[op[1]])
+            recorded[op[1]] = True
+    return {op[0] for op in ops}
+
+
 def test_a_seed_gives_one_valid_program(dc):
+    kinds = set()
     for seed in range(200):
         ops = dc.program(seed, 150)
         assert ops == dc.program(seed, 150)
-        live, pools, routed = 0, 0, False
-        for op in ops:
-            if op[0] == "pool_new":
-                assert not routed and pools < dc.MAX_POOLS
-                pools += 1
-            elif op[0] == "pool_enter":
-                assert not routed and 0 <= op[1] < pools
-                routed = True
-            elif op[0] == "pool_exit":
-                assert routed
-                routed = False
-            elif op[0] == "pool_del":
-                assert not routed and 0 <= op[1] < pools
-                pools -= 1
-            elif op[0] == "alloc":
-                assert 1 <= op[1] < 400 * dc.MIB and 0 <= op[2] < dc.STREAMS
-                live += 1
-            elif op[0] == "free":
-                assert 0 <= op[1] < live
-                live -= 1
-            elif op[0] == "record":
-                assert 0 <= op[1] < live and 0 <= op[2] < dc.STREAMS
-    kinds = {op[0] for seed in range(50) for op in dc.program(seed, 150)}
-    assert kinds == {"alloc", "free", "record", "empty_cache", "reset_peak",
-                     "pool_new", "pool_enter", "pool_exit", "pool_del"}
+        kinds |= _check_program(dc, ops)
+        _check_program(dc, dc.program(seed, 150, single_record=True), single_record=True)
+    assert kinds == {"alloc", "free", "record", "empty_cache", "reset_peak", "pool_new", "pool_enter",
+                     "pool_exit", "pool_del", "capture_begin", "capture_end", "graph_del"}
     assert dc.program(1, 150) != dc.program(2, 150)
 
 
@@ -64,7 +88,7 @@ class _FakeTorch:
 
     def __init__(self):
         self.syncs, self.reads, self.allocs = 0, 0, []
-        self.pool_count, self.routes, self.released = 0, [], []
+        self.pool_count, self.routes, self.released, self.captures = 0, [], [], []
         fake = self
 
         class _Tensor:
@@ -102,9 +126,27 @@ class _FakeTorch:
                 return {"allocation.all.current": len(fake.allocs)}
 
             class MemPool:
-                def __init__(self):
+                def __init__(self, use_on_oom=False, no_split=False):
                     fake.pool_count += 1
                     self.id = (0, fake.pool_count)
+
+            @staticmethod
+            def graph_pool_handle():
+                fake.pool_count += 1
+                return (0, fake.pool_count)
+
+            class CUDAGraph:
+                def capture_begin(self, pool=None, capture_error_mode="global"):
+                    assert capture_error_mode == "relaxed"
+                    fake.pool_count += 1
+                    self.id = pool or (fake.pool_count, 0)
+                    fake.captures.append(self.id)
+
+                def capture_end(self):
+                    assert fake.captures.pop() == self.id
+
+                def pool(self):
+                    return self.id
 
         class _C:
             @staticmethod
@@ -144,8 +186,25 @@ def test_a_program_syncs_only_after_freeing_a_tensor_used_on_another_stream(dc):
 
 def test_a_route_left_open_is_closed_at_the_program_end(dc):
     torch = _FakeTorch()
-    ops = [("pool_new",), ("pool_enter", 0), ("alloc", 10, 0), ("pool_exit",), ("pool_new",),
-           ("pool_enter", 1), ("alloc", 20, 1)]
+    ops = [("pool_new", False, True), ("pool_enter", 0), ("alloc", 10, 0), ("pool_exit",),
+           ("pool_new", True, False), ("pool_enter", 1), ("alloc", 20, 1)]
     trail = dc.run_program(torch, [None] * dc.STREAMS, ops, False)
     assert len(trail) == len(ops)
     assert torch.routes == [] and torch.released == [(0, 1), (0, 2)]
+    torch = _FakeTorch()
+    dc.run_program(torch, [None] * dc.STREAMS, [("capture_begin", 1, True), ("alloc", 10, 1)], False)
+    assert torch.captures == []
+
+
+def test_golden_operations_name_tensors_and_real_pool_ids(dc):
+    ops = [("alloc", 10, 0), ("pool_new", True, False), ("capture_begin", 2, False), ("alloc", 30, 2),
+           ("free", 0), ("capture_end",), ("record", 0, 1), ("capture_begin", 1, True), ("capture_end",),
+           ("graph_del", 0), ("pool_enter", 0), ("pool_exit",), ("pool_del", 0), ("free", 0)]
+    golden = []
+    dc.run_program(_FakeTorch(), [None] * dc.STREAMS, ops, False, golden)
+    assert golden == [
+        ["alloc", 0, 10, 0], ["pool_new", 0, 1, 1, 0], ["capture_begin", 2, 0, 2], ["alloc", 1, 30, 2],
+        ["free", 0], ["capture_end", 2, 0], ["record", 1, 1], ["capture_begin", 0, 3, 1],
+        ["capture_end", 0, 3], ["graph_del", 2, 0], ["pool_enter", 0, 1], ["pool_exit", 0, 1],
+        ["pool_del", 0, 1], ["free", 1],
+    ]

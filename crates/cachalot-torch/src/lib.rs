@@ -16,6 +16,7 @@
 //!   dropin   extern "C" entry points of the C++ allocator: status + message
 //!   ffi      extern "C" callbacks for C, the process's one Registry (OnceLock)
 //!   guard    catch_unwind at every entry point; errors become the last error
+//!   ipc      CUDA IPC: handles of live allocations, handles of other processes
 //!   report   summaries, history recording, snapshot pickles over the registry
 //!   registry one DeviceAllocator per device, created on first use
 //!   context  the caller's CUDA context, put back after frees and hooks
@@ -40,6 +41,7 @@ pub mod dropin;
 pub mod error;
 pub mod ffi;
 pub mod guard;
+pub mod ipc;
 pub mod pools;
 pub mod registry;
 pub mod report;

@@ -2,12 +2,21 @@
 //! small allocation programs, and the check that replays them through the
 //! `pytorch` policy on a simulated device.
 //!
-//! A golden file (`scenarios.<conf>.json.gz`) is a list of entries
-//! `{name, conf, ops, after}`: `ops[i]` is `[op, id, size]` with op `alloc`, `free`
-//! or `empty_cache`, and `after[i]` the recorded statistics after op `i`. The
-//! entry named `oom_fraction_0.01` has no ops: it allocates 64 MiB blocks under a
-//! 1% memory fraction until out-of-memory, and records `allocs_before_oom`, the
-//! error message and the statistics after the failure.
+//! A golden file (`scenarios.<conf>.json.gz`, `pools.<conf>.json.gz`) is a list
+//! of entries `{name, conf, ops, after}`: `ops[i]` is `[op, args...]` and
+//! `after[i]` the recorded statistics after op `i`. The operations (every
+//! argument an integer; a pool is named by its two id integers `a b`):
+//! - `alloc id size [stream]` (stream index, default 0), `free id`,
+//!   `record id stream` (`record_stream`), `empty_cache`, `reset_peak`;
+//! - `pool_new a b use_on_oom no_split` (a `torch.cuda.MemPool`), `pool_enter
+//!   a b` / `pool_exit a b` (`use_mem_pool`: every stream of the thread),
+//!   `pool_del a b` (the MemPool's destructor);
+//! - `capture_begin a b stream` / `capture_end a b` (a CUDA graph capture on
+//!   that stream into pool `a b`), `graph_del a b` (the graph's destructor).
+//!
+//! The entry named `oom_fraction_0.01` has no ops: it allocates 64 MiB blocks
+//! under a 1% memory fraction until out-of-memory, and records
+//! `allocs_before_oom`, the error message and the statistics after the failure.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -21,10 +30,11 @@ use thiserror::Error;
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::sim::{AddressOrder, SimBackend};
-use crate::backend::{Backend, StreamId};
+use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, MIB};
 use crate::error::{format_size, Error, OomReport};
 use crate::policy::PytorchAllocator;
+use crate::private_pool::{PoolId, PoolOptions};
 
 /// The device size the goldens were recorded on (an H100 80GB, as PyTorch saw it).
 pub const H100_BYTES: u64 = 85_017_493_504;
@@ -50,9 +60,47 @@ pub enum GoldenError {
     },
 }
 
-/// One step: `[op, id, size]`.
+/// One step: `[op, args...]`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-pub struct Op(pub String, pub u64, pub u64);
+#[serde(try_from = "Vec<serde_json::Value>")]
+pub struct Op {
+    /// The operation's name.
+    pub name: String,
+    /// Its integer arguments.
+    pub args: Vec<u64>,
+}
+
+impl TryFrom<Vec<serde_json::Value>> for Op {
+    type Error = String;
+
+    fn try_from(v: Vec<serde_json::Value>) -> std::result::Result<Op, String> {
+        let (name, rest) = v.split_first().ok_or("an empty operation")?;
+        let name = name
+            .as_str()
+            .ok_or("an operation without a name")?
+            .to_string();
+        let args = rest
+            .iter()
+            .map(|a| {
+                a.as_u64()
+                    .ok_or_else(|| format!("{name}: argument {a} is not an integer"))
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Op { name, args })
+    }
+}
+
+impl Op {
+    /// Argument `i`, or 0 where the operation has fewer.
+    fn arg(&self, i: usize) -> u64 {
+        self.args.get(i).copied().unwrap_or(0)
+    }
+
+    /// The pool named by arguments `i` and `i + 1`.
+    fn pool(&self, i: usize) -> PoolId {
+        PoolId(self.arg(i), self.arg(i + 1))
+    }
+}
 
 /// One recorded scenario.
 #[derive(Clone, Debug, Deserialize)]
@@ -192,23 +240,12 @@ fn failed(mut out: Outcome, key: &str, expected: &str, got: &str) -> Outcome {
 
 fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut Outcome) {
     let mut live = HashMap::new();
-    for (i, Op(op, id, size)) in ops.iter().enumerate() {
-        let done = match op.as_str() {
-            "alloc" => alloc.malloc(*size, StreamId::DEFAULT).map(|p| {
-                live.insert(*id, p);
-            }),
-            "free" => match live.remove(id) {
-                Some(p) => alloc.free(p),
-                None => Err(Error::InvalidArgument(format!("free of unknown id {id}"))),
-            },
-            "empty_cache" => alloc.empty_cache(),
-            other => Err(Error::InvalidArgument(format!("unknown op {other}"))),
-        };
+    for (i, op) in ops.iter().enumerate() {
         out.ops += 1;
-        if let Err(e) = done {
+        if let Err(e) = step(alloc, op, &mut live) {
             let m = Mismatch {
                 op: Some(i),
-                key: format!("{op} {id} {size}"),
+                key: format!("{} {:?}", op.name, op.args),
                 expected: "ok".into(),
                 got: e.to_string(),
             };
@@ -218,6 +255,79 @@ fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut O
         if let Some(want) = entry.after.get(i) {
             compare(&alloc.stats().to_map(), want, Some(i), |_| true, out);
         }
+    }
+}
+
+/// The stream of a program's stream index (0: the default stream).
+fn stream(index: u64) -> StreamId {
+    if index == 0 {
+        StreamId::DEFAULT
+    } else {
+        StreamId(0x5000 + index)
+    }
+}
+
+fn step(
+    alloc: &PytorchAllocator,
+    op: &Op,
+    live: &mut HashMap<u64, DevicePtr>,
+) -> Result<(), Error> {
+    let tensor = |id: u64| {
+        live.get(&id)
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown tensor id {id}")))
+    };
+    match op.name.as_str() {
+        "alloc" => {
+            let p = alloc.malloc(op.arg(1), stream(op.arg(2)))?;
+            live.insert(op.arg(0), p);
+            Ok(())
+        }
+        "free" => {
+            let p = tensor(op.arg(0))?;
+            live.remove(&op.arg(0));
+            alloc.free(p)
+        }
+        "record" => alloc.record_stream(tensor(op.arg(0))?, stream(op.arg(1))),
+        "empty_cache" => alloc.empty_cache(),
+        "reset_peak" => {
+            alloc.reset_peak_stats();
+            Ok(())
+        }
+        "pool_new" => {
+            let pool = op.pool(0);
+            alloc.create_pool(pool)?;
+            let options = PoolOptions {
+                use_on_oom: op.arg(2) != 0,
+                no_split: op.arg(3) != 0,
+            };
+            alloc.set_pool_options(pool, options)
+        }
+        "pool_enter" => alloc.begin_allocate_to_pool(op.pool(0), Arc::new(|_| true)),
+        "pool_exit" | "capture_end" => {
+            alloc.end_allocate_to_pool(op.pool(0))?;
+            if op.name == "pool_exit" {
+                alloc.release_pool(op.pool(0))?;
+            }
+            Ok(())
+        }
+        "pool_del" => {
+            // As PyTorch's ~MemPool: no longer borrowed from, released, emptied.
+            let pool = op.pool(0);
+            let options = PoolOptions {
+                use_on_oom: false,
+                ..alloc.pool_options(pool)?
+            };
+            alloc.set_pool_options(pool, options)?;
+            alloc.release_pool(pool)?;
+            alloc.empty_pool_cache(pool)
+        }
+        "capture_begin" => {
+            let on = stream(op.arg(2));
+            alloc.begin_allocate_to_pool(op.pool(0), Arc::new(move |s| s == on))
+        }
+        "graph_del" => alloc.release_pool(op.pool(0)),
+        other => Err(Error::InvalidArgument(format!("unknown op {other}"))),
     }
 }
 

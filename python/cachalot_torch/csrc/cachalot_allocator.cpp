@@ -94,6 +94,9 @@ struct cachalot_pool_allocation {
 };
 int cachalot_pool_allocations(int, uint64_t, uint64_t, cachalot_pool_allocation*, size_t, size_t*, char**);
 int cachalot_pool_restore(int, uint64_t, uint64_t, const cachalot_pool_allocation*, size_t, char**);
+int cachalot_ipc_share(void*, uint8_t*, size_t, size_t*, uint64_t*, char**);
+int cachalot_ipc_open(int, const uint8_t*, size_t, void**, char**);
+int cachalot_ipc_close(void*, char**);
 
 // A route's filter, owned here and called back by the library with the
 // stream of each request while the route is open.
@@ -770,12 +773,41 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     return delta;
   }
 
-  // --- sharing with other processes: not yet ---------------------------------
-  cca::ShareableHandle shareIpcHandle(void*) override {
-    unsupported("sharing CUDA tensors with other processes (shareIpcHandle)");
+  // --- sharing with other processes (torch.multiprocessing) -------------------
+  // A segment travels as PyTorch's own handle; pages as file descriptors handed
+  // over a socket (cachalot::ipc).
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    std::string handle(512, '\0');
+    size_t len = 0;
+    uint64_t offset = 0;
+    char* message = nullptr;
+    check(
+        cachalot_ipc_share(
+            ptr, reinterpret_cast<uint8_t*>(handle.data()), handle.size(), &len, &offset, &message),
+        &message,
+        "shareIpcHandle");
+    handle.resize(len);
+    return cca::ShareableHandle{static_cast<ptrdiff_t>(offset), std::move(handle)};
   }
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    unsupported("opening CUDA tensors of other processes (getIpcDevPtr)");
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    void* base = nullptr;
+    char* message = nullptr;
+    check(
+        cachalot_ipc_open(
+            c10::cuda::current_device(),
+            reinterpret_cast<const uint8_t*>(handle.data()),
+            handle.size(),
+            &base,
+            &message),
+        &message,
+        "getIpcDevPtr");
+    return std::shared_ptr<void>(base, [](void* p) {
+      char* why = nullptr;
+      if (cachalot_ipc_close(p, &why) != kOk) {
+        TORCH_WARN("cachalot: closing memory of another process: ", take(why));
+      }
+    });
   }
 
  private:
