@@ -138,15 +138,13 @@ class _FakeTorch:
             class CUDAGraph:
                 def capture_begin(self, pool=None, capture_error_mode="global"):
                     assert capture_error_mode == "relaxed"
-                    fake.pool_count += 1
-                    self.id = pool or (fake.pool_count, 0)
+                    assert pool is not None
+                    self.id = pool
                     fake.captures.append(self.id)
 
                 def capture_end(self):
                     assert fake.captures.pop() == self.id
 
-                def pool(self):
-                    return self.id
 
         class _C:
             @staticmethod
@@ -203,8 +201,8 @@ def test_golden_operations_name_tensors_and_real_pool_ids(dc):
     golden = []
     dc.run_program(_FakeTorch(), [None] * dc.STREAMS, ops, False, golden)
     assert golden == [
-        ["alloc", 0, 10, 0], ["pool_new", 0, 1, 1, 0], ["capture_begin", 2, 0, 2], ["alloc", 1, 30, 2],
-        ["free", 0], ["capture_end", 2, 0], ["record", 1, 1], ["capture_begin", 0, 3, 1],
-        ["capture_end", 0, 3], ["graph_del", 2, 0], ["pool_enter", 0, 1], ["pool_exit", 0, 1],
+        ["alloc", 0, 10, 0], ["pool_new", 0, 1, 1, 0], ["capture_begin", 0, 2, 2], ["alloc", 1, 30, 2],
+        ["free", 0], ["capture_end", 0, 2], ["record", 1, 1], ["capture_begin", 0, 3, 1],
+        ["capture_end", 0, 3], ["graph_del", 0, 2], ["pool_enter", 0, 1], ["pool_exit", 0, 1],
         ["pool_del", 0, 1], ["free", 1],
     ]

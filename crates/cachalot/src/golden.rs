@@ -238,11 +238,24 @@ fn failed(mut out: Outcome, key: &str, expected: &str, got: &str) -> Outcome {
     out
 }
 
+/// What a replayed program holds besides the allocator's state.
+#[derive(Default)]
+struct Held {
+    /// Live tensors by id.
+    live: HashMap<u64, DevicePtr>,
+    /// Live CUDA graphs.
+    graphs: usize,
+    /// The RNG's two 8-byte tensors (seed, offset) that PyTorch allocates on
+    /// the capturing stream when the first live graph begins its capture, and
+    /// frees when the last live graph is destroyed.
+    rng: Option<(DevicePtr, DevicePtr)>,
+}
+
 fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut Outcome) {
-    let mut live = HashMap::new();
+    let mut held = Held::default();
     for (i, op) in ops.iter().enumerate() {
         out.ops += 1;
-        if let Err(e) = step(alloc, op, &mut live) {
+        if let Err(e) = step(alloc, op, &mut held) {
             let m = Mismatch {
                 op: Some(i),
                 key: format!("{} {:?}", op.name, op.args),
@@ -267,11 +280,8 @@ fn stream(index: u64) -> StreamId {
     }
 }
 
-fn step(
-    alloc: &PytorchAllocator,
-    op: &Op,
-    live: &mut HashMap<u64, DevicePtr>,
-) -> Result<(), Error> {
+fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error> {
+    let live = &mut held.live;
     let tensor = |id: u64| {
         live.get(&id)
             .copied()
@@ -324,9 +334,26 @@ fn step(
         }
         "capture_begin" => {
             let on = stream(op.arg(2));
+            if held.graphs == 0 {
+                held.rng = Some((alloc.malloc(8, on)?, alloc.malloc(8, on)?));
+            }
+            held.graphs += 1;
             alloc.begin_allocate_to_pool(op.pool(0), Arc::new(move |s| s == on))
         }
-        "graph_del" => alloc.release_pool(op.pool(0)),
+        "graph_del" => {
+            alloc.release_pool(op.pool(0))?;
+            held.graphs = held.graphs.saturating_sub(1);
+            match held.rng.take() {
+                Some((seed, offset)) if held.graphs == 0 => {
+                    alloc.free(seed)?;
+                    alloc.free(offset)
+                }
+                kept => {
+                    held.rng = kept;
+                    Ok(())
+                }
+            }
+        }
         other => Err(Error::InvalidArgument(format!("unknown op {other}"))),
     }
 }

@@ -19,7 +19,7 @@ fn golden_files() -> Vec<PathBuf> {
 #[test]
 fn all_goldens_pass() {
     let files = golden_files();
-    assert_eq!(files.len(), 4, "four bundled golden files");
+    assert_eq!(files.len(), 8, "eight bundled golden files");
     let mut failures = Vec::new();
     let mut scenarios = 0;
     for f in &files {
@@ -32,7 +32,7 @@ fn all_goldens_pass() {
             }
         }
     }
-    assert_eq!(scenarios, 60);
+    assert_eq!(scenarios, 60 + 48);
     assert!(
         failures.is_empty(),
         "{} failing scenarios:\n{}",
