@@ -171,12 +171,14 @@ pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputEr
         Err(TraceError::Json) => read_json(path)?,
         Err(e) => return Err(e.into()),
     };
-    let plan = replay::plan(&recording.events, &device).map_err(|e| match e {
-        PlanError::Inconsistent { event, problem } => {
-            InputError::Trace(recording.event_error(event, problem))
-        }
-        other => InputError::Replay(other.into()),
-    })?;
+    let plan = replay::plan_routed(&recording.events, &device, &recording.segments).map_err(
+        |e| match e {
+            PlanError::Inconsistent { event, problem } => {
+                InputError::Trace(recording.event_error(event, problem))
+            }
+            other => InputError::Replay(other.into()),
+        },
+    )?;
     Ok(Loaded { plan, device })
 }
 

@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde::{Serialize, Serializer};
 use thiserror::Error;
 
-pub use plan::{plan, Inconsistency, Op, Plan, PlanError, RecordedDevice};
+pub use plan::{plan, plan_routed, Inconsistency, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
 use crate::allocator::{self, DeviceAllocator};
@@ -392,6 +392,18 @@ fn drive(
                 allocator.empty_cache().map_err(fail)?;
                 tally.empty_caches += 1;
             }
+            Op::EnterPool { pool } => {
+                if allocator.pool_use_count(pool) == 0 {
+                    allocator.create_pool(pool).map_err(fail)?;
+                }
+                allocator
+                    .begin_allocate_to_pool(pool, Arc::new(|_| true))
+                    .map_err(fail)?;
+            }
+            Op::LeavePool { pool } => {
+                allocator.end_allocate_to_pool(pool).map_err(fail)?;
+                allocator.release_pool(pool).map_err(fail)?;
+            }
         }
     }
     progress(plan.ops.len());
@@ -458,6 +470,34 @@ mod tests {
         assert_eq!(r.device_calls.get("segment_free"), Some(&1));
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["final_stats"]["num_ooms"], 1);
+    }
+
+    #[test]
+    fn a_routed_allocation_stays_in_its_pool_through_empty_cache() {
+        let pool = crate::private_pool::PoolId(0, 9);
+        let ops = |routed: bool| {
+            let mut v = vec![alloc(0, 30 * MIB), Op::Free { slot: 0 }, Op::EmptyCache];
+            if routed {
+                v.insert(0, Op::EnterPool { pool });
+                v.insert(2, Op::LeavePool { pool });
+            }
+            v
+        };
+        let reserved = |routed| {
+            let r = replay(
+                &plan_of(ops(routed), 1),
+                AllocatorConfig::default(),
+                1 << 30,
+                &mut |_| {},
+            )
+            .unwrap();
+            r.final_stats.reserved_bytes.all.current
+        };
+        assert_eq!(reserved(false), 0);
+        assert!(
+            reserved(true) >= 30 * MIB as i64,
+            "the pool keeps its memory, as a live graph"
+        );
     }
 
     #[test]

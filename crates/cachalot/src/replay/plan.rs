@@ -21,6 +21,12 @@
 //! * `segment_alloc`/`segment_map` events are not replayed (the policy decides its
 //!   own segments) but their sizes are kept to compare with the replay's.
 //! * `oom` and `snapshot` events change nothing.
+//! * A snapshot names the private pool (CUDA graph, MemPool) of each segment it
+//!   lists. An allocation made in such a segment after the segment's last
+//!   recorded `segment_alloc`/`segment_map` (or anywhere in it, when the
+//!   recording saw no such event) goes to that pool in the replay too
+//!   ([`plan_routed`]); allocations in segments freed before the snapshot are
+//!   not known to be private and go to the default pools.
 
 use std::collections::HashMap;
 
@@ -29,6 +35,8 @@ use thiserror::Error;
 use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
 use crate::event::{Action, TraceEvent};
+use crate::private_pool::PoolId;
+use crate::snapshot::SegmentInfo;
 
 /// One allocator call of a plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -49,6 +57,17 @@ pub enum Op {
     },
     /// Call `empty_cache`.
     EmptyCache,
+    /// Route the next allocation to private pool `pool` (created at its first
+    /// use): the recording made it in a segment of that pool.
+    EnterPool {
+        /// The recorded pool id.
+        pool: PoolId,
+    },
+    /// Close the route [`Op::EnterPool`] opened.
+    LeavePool {
+        /// The recorded pool id.
+        pool: PoolId,
+    },
 }
 
 /// A recording that cannot be replayed. Remedy: the recording is inconsistent
@@ -168,8 +187,23 @@ struct Live {
 /// # Errors
 /// A [`PlanError`] for an inconsistent recording.
 pub fn plan(events: &[TraceEvent], device: &RecordedDevice) -> Result<Plan, PlanError> {
+    plan_routed(events, device, &[])
+}
+
+/// Builds the plan of `events` recorded on `device`, sending the allocations
+/// made in the private-pool segments of `segments` (a snapshot's, taken after
+/// the events) to those pools.
+///
+/// # Errors
+/// A [`PlanError`] for an inconsistent recording.
+pub fn plan_routed(
+    events: &[TraceEvent],
+    device: &RecordedDevice,
+    segments: &[SegmentInfo],
+) -> Result<Plan, PlanError> {
     let mut builder = Builder {
         ops: Vec::with_capacity(events.len()),
+        pools: PoolRanges::new(events, segments),
         ..Builder::default()
     };
     let pressure = device.pressure_bytes();
@@ -230,8 +264,44 @@ fn released_by_policy(events: &[TraceEvent], start: usize, reserved: u64, pressu
     }
 }
 
+/// The private-pool segments of a snapshot: `(base, end, pool, from)`, where
+/// `from` is the index of the first event that may allocate in it (after its
+/// last recorded creation).
+#[derive(Default)]
+struct PoolRanges(Vec<(u64, u64, PoolId, usize)>);
+
+impl PoolRanges {
+    fn new(events: &[TraceEvent], segments: &[SegmentInfo]) -> PoolRanges {
+        let mut ranges: Vec<_> = segments
+            .iter()
+            .filter(|s| s.pool_id != PoolId::DEFAULT)
+            .map(|s| (s.address, s.address + s.total_size, s.pool_id, 0))
+            .collect();
+        if ranges.is_empty() {
+            return PoolRanges(ranges);
+        }
+        for (i, e) in events.iter().enumerate() {
+            if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) {
+                for r in ranges.iter_mut().filter(|r| r.0 <= e.addr && e.addr < r.1) {
+                    r.3 = i;
+                }
+            }
+        }
+        PoolRanges(ranges)
+    }
+
+    /// The pool of an allocation at `addr` made by event `event`.
+    fn of(&self, event: usize, addr: u64) -> Option<PoolId> {
+        self.0
+            .iter()
+            .find(|r| r.0 <= addr && addr < r.1 && event >= r.3)
+            .map(|r| r.2)
+    }
+}
+
 #[derive(Default)]
 struct Builder {
+    pools: PoolRanges,
     ops: Vec<Op>,
     /// The recorded time of each op's event.
     times_us: Vec<u64>,
@@ -286,7 +356,14 @@ impl Builder {
             size: e.size,
             stream: e.stream,
         };
-        self.push(op, e);
+        match self.pools.of(event, e.addr) {
+            Some(pool) => {
+                self.push(Op::EnterPool { pool }, e);
+                self.push(op, e);
+                self.push(Op::LeavePool { pool }, e);
+            }
+            None => self.push(op, e),
+        }
         self.live.insert(
             e.addr,
             Live {
@@ -352,6 +429,47 @@ mod tests {
     }
 
     use Action::*;
+
+    #[test]
+    fn allocations_in_a_snapshots_private_segments_go_to_its_pool() {
+        let graph = PoolId(0, 3);
+        let seg = |address, pool_id| SegmentInfo {
+            device: 0,
+            address,
+            total_size: 2 << 20,
+            stream: StreamId(0),
+            is_small: true,
+            is_expandable: false,
+            pool_id,
+            blocks: Vec::new(),
+        };
+        let events = [
+            ev(SegmentAlloc, 1 << 30, 2 << 20),
+            ev(Alloc, 1 << 30, 512),
+            ev(FreeCompleted, 1 << 30, 512),
+            ev(SegmentFree, 1 << 30, 2 << 20),
+            ev(SegmentAlloc, 1 << 30, 2 << 20),
+            ev(Alloc, (1 << 30) + 512, 512),
+            ev(Alloc, 5 << 30, 512),
+        ];
+        let segments = [seg(1 << 30, graph), seg(5 << 30, PoolId::DEFAULT)];
+        let p = plan_routed(&events, &h100(), &segments).unwrap();
+        let routed: Vec<usize> = p
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, Op::EnterPool { pool } if *pool == graph))
+            .map(|(i, _)| i)
+            .collect();
+        // Only the allocation after the segment's last creation: the first one
+        // was in an earlier segment at the same address.
+        assert_eq!(routed.len(), 1);
+        let at = routed[0];
+        assert!(matches!(p.ops[at + 1], Op::Alloc { slot: 1, .. }));
+        assert_eq!(p.ops[at + 2], Op::LeavePool { pool: graph });
+        assert_eq!(p.ops.len(), p.times_us.len());
+        assert_eq!(plan(&events, &h100()).unwrap().ops.len(), p.ops.len() - 2);
+    }
 
     #[test]
     fn frees_happen_at_completion_or_at_an_unanswered_request() {

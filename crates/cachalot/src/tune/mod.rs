@@ -207,7 +207,7 @@ pub fn live_peak(plan: &Plan) -> u64 {
             Op::Free { slot } => {
                 live -= sizes.get_mut(slot as usize).map_or(0, std::mem::take);
             }
-            Op::EmptyCache => {}
+            Op::EmptyCache | Op::EnterPool { .. } | Op::LeavePool { .. } => {}
         }
     }
     peak
