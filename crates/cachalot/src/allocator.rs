@@ -163,6 +163,15 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// once its allocations are freed (the frees stay done).
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
 
+    /// Tells the allocator PyTorch's hash of `stream`
+    /// (`std::hash<c10::cuda::CUDAStream>`). PyTorch walks its tables of
+    /// streams in an order that hash decides; the `pytorch` policy walks its
+    /// own in the same order, so that blocks freed after `record_stream` come
+    /// back in PyTorch's order. Other policies ignore it.
+    fn set_stream_hash(&self, stream: StreamId, hash: u64) {
+        let _ = (stream, hash);
+    }
+
     /// What lies under the live allocation at `ptr` (a segment, or mapped
     /// pages), for sharing it with another process ([`crate::ipc::share`]).
     ///

@@ -33,6 +33,7 @@ use crate::backend::sim::{AddressOrder, SimBackend};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, MIB};
 use crate::error::{format_size, Error, OomReport};
+use crate::policy::pytorch::c10_stream_hash;
 use crate::policy::PytorchAllocator;
 use crate::private_pool::{PoolId, PoolOptions};
 
@@ -251,7 +252,14 @@ struct Held {
     rng: Option<(DevicePtr, DevicePtr)>,
 }
 
+/// The c10 ids of the recording's streams: the default stream, then the
+/// first two `torch.cuda.Stream()`s of the process.
+const C10_STREAM_IDS: [u64; 3] = [0, 3, 35];
+
 fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut Outcome) {
+    for (i, id) in C10_STREAM_IDS.iter().enumerate() {
+        alloc.set_stream_hash(stream(i as u64), c10_stream_hash(0, *id));
+    }
     let mut held = Held::default();
     for (i, op) in ops.iter().enumerate() {
         out.ops += 1;

@@ -27,6 +27,7 @@
 #include <unordered_set>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -97,6 +98,7 @@ int cachalot_pool_restore(int, uint64_t, uint64_t, const cachalot_pool_allocatio
 int cachalot_ipc_share(void*, uint8_t*, size_t, size_t*, uint64_t*, char**);
 int cachalot_ipc_open(int, const uint8_t*, size_t, void**, char**);
 int cachalot_ipc_close(void*, char**);
+int cachalot_stream_hash(int, void*, uint64_t, char**);
 
 // A route's filter, owned here and called back by the library with the
 // stream of each request while the route is open.
@@ -330,9 +332,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   // --- allocation ---------------------------------------------------------
   c10::DataPtr allocate(size_t nbytes) override {
     c10::DeviceIndex device = c10::cuda::current_device();
-    void* ptr = nbytes == 0
-        ? nullptr
-        : malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device));
+    void* ptr = nbytes == 0 ? nullptr : malloc_on(nbytes, device, current_stream(device));
     return {ptr, ptr, &deleter, c10::Device(c10::DeviceType::CUDA, device)};
   }
 
@@ -349,7 +349,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       return nullptr;
     }
     c10::DeviceIndex device = c10::cuda::current_device();
-    return malloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device));
+    return malloc_on(nbytes, device, current_stream(device));
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
@@ -541,6 +541,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     if (ptr.get() == nullptr || ptr.get_deleter() != &deleter) {
       return;
     }
+    note_stream(stream.device_index(), stream);
     char* message = nullptr;
     check(
         cachalot_record_stream_to(ptr.get(), stream.stream(), &message),
@@ -837,6 +838,36 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     }
   }
 
+  // The current stream of `device`, its hash told to cachalot first.
+  cudaStream_t current_stream(c10::DeviceIndex device) {
+    c10::cuda::CUDAStream s = c10::cuda::getCurrentCUDAStream(device);
+    note_stream(device, s);
+    return s.stream();
+  }
+
+  // PyTorch's hash of a stream orders its tables of streams; the pytorch
+  // policy walks its own in that order (cachalot_stream_hash), told once per
+  // stream. Most calls find the thread's last stream and return at once.
+  void note_stream(c10::DeviceIndex device, const c10::cuda::CUDAStream& s) {
+    thread_local cudaStream_t last = nullptr;
+    thread_local int last_device = -1;
+    cudaStream_t raw = s.stream();
+    if (raw == last && device == last_device) {
+      return;
+    }
+    last = raw;
+    last_device = device;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!hashed_.insert({device, raw}).second) {
+        return;
+      }
+    }
+    char* message = nullptr;
+    uint64_t hash = std::hash<c10::cuda::CUDAStream>{}(s);
+    check(cachalot_stream_hash(device, raw, hash, &message), &message, "stream hash");
+  }
+
   void* malloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream) {
     void* ptr = nullptr;
     char* message = nullptr;
@@ -947,6 +978,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
   std::mutex mu_;
+  std::set<std::pair<int, cudaStream_t>> hashed_;  // streams whose hash cachalot knows
   std::atomic<int> device_count_{0};
   std::atomic<bool> enabled_{true};
   std::atomic<bool> history_on_{false};

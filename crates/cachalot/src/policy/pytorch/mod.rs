@@ -21,8 +21,12 @@
 
 mod arena;
 mod block;
+mod event_queues;
 mod expandable;
 mod grow;
+mod hash_order;
+
+pub(crate) use hash_order::c10_stream_hash;
 mod ledger;
 mod malloc;
 mod order;
@@ -195,6 +199,10 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
         self.lock().restore_pool(id, live)
+    }
+
+    fn set_stream_hash(&self, stream: StreamId, hash: u64) {
+        self.lock().hashes.set(stream, hash);
     }
 
     fn backing(&self, ptr: DevicePtr) -> Result<Backing> {

@@ -1,14 +1,15 @@
 //! The allocator's state and its block transitions: best-fit lookup, handing a
 //! block out (with its split), and taking a freed block back (with its merges).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::addr_map::AddrMap;
 use crate::backend::{Backend, DevicePtr, EventId, StreamId};
 use crate::config::AllocatorConfig;
 
-use super::block::{BlockId, Blocks, PendingEvent, SegmentId, Segments};
+use super::block::{BlockId, Blocks, SegmentId, Segments};
+use super::event_queues::{EventQueues, StreamHashes};
 use super::expandable::Orphan;
 use super::ledger::Ledger;
 use super::placement::Placement;
@@ -64,7 +65,9 @@ pub(crate) struct State {
     /// Allocated blocks by address.
     pub(crate) allocated: AddrMap<BlockId>,
     /// Outstanding cross-stream events, per stream, oldest first.
-    pub(crate) pending: BTreeMap<StreamId, VecDeque<PendingEvent>>,
+    pub(crate) pending: EventQueues,
+    /// Each stream's hash in PyTorch's tables (their iteration order).
+    pub(crate) hashes: StreamHashes,
     /// Events ready for reuse.
     pub(crate) spare_events: Vec<EventId>,
     /// Statistics and the observer.
@@ -105,7 +108,8 @@ impl State {
             book: PoolBook::default(),
             deferred: VecDeque::new(),
             allocated: AddrMap::default(),
-            pending: BTreeMap::new(),
+            pending: EventQueues::default(),
+            hashes: StreamHashes::new(caps.device),
             spare_events: Vec::new(),
             orphan_pages: Vec::new(),
             orphan_ranges: Vec::new(),

@@ -65,7 +65,7 @@ impl State {
         let events = if self.blocks[id].stream_uses.is_empty() {
             Vec::new()
         } else {
-            let uses = self.blocks[id].stream_uses.clone();
+            let uses = self.hashes.set_order(&self.blocks[id].stream_uses);
             match self.record_events(&uses) {
                 Ok(events) => events,
                 Err(e) => {
@@ -91,10 +91,9 @@ impl State {
             self.free_block(id);
         }
         for (stream, event) in events {
+            let hash = self.hashes.of(stream);
             self.pending
-                .entry(stream)
-                .or_default()
-                .push_back(PendingEvent { event, block: id });
+                .push(stream, hash, PendingEvent { event, block: id });
         }
     }
 
@@ -104,12 +103,14 @@ impl State {
     pub(crate) fn insert_deferred_events(&mut self) -> Result<()> {
         while let Some(&id) = self.deferred.front() {
             let b = &self.blocks[id];
-            let uses: Vec<StreamId> = b
-                .stream_uses
-                .iter()
-                .filter(|s| !b.capture_uses.contains(s))
-                .copied()
+            let (all, captured) = (b.stream_uses.clone(), b.capture_uses.clone());
+            let kept: Vec<StreamId> = self
+                .hashes
+                .set_order(&all)
+                .into_iter()
+                .filter(|s| !captured.contains(s))
                 .collect();
+            let uses = self.hashes.set_order(&kept);
             let events = self.record_events(&uses)?;
             self.deferred.pop_front();
             self.blocks[id].capture_uses.clear();
@@ -151,16 +152,16 @@ impl State {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let streams: Vec<StreamId> = self.pending.keys().copied().collect();
-        for s in streams {
-            while let Some(front) = self.pending.get(&s).and_then(|q| q.front().copied()) {
+        let walked = self.pending.walk(&self.hashes);
+        for (s, _) in &walked {
+            while let Some(front) = self.pending.front(*s) {
                 if !self.backend.query_event(front.event)? {
                     break;
                 }
-                self.complete(s, front);
+                self.complete(*s, front);
             }
         }
-        self.pending.retain(|_, q| !q.is_empty());
+        self.pending.drop_emptied(&walked);
         Ok(())
     }
 
@@ -172,9 +173,9 @@ impl State {
         if !self.book.routing() {
             self.insert_deferred_events()?;
         }
-        let streams: Vec<StreamId> = self.pending.keys().copied().collect();
-        for s in streams {
-            let queue = self.pending.remove(&s).unwrap_or_default();
+        let walked = self.pending.walk(&self.hashes);
+        for (s, _) in &walked {
+            let queue = self.pending.take(*s);
             let mut kept = VecDeque::new();
             let mut rest = queue.into_iter();
             while let Some(p) = rest.next() {
@@ -185,22 +186,24 @@ impl State {
                 if let Err(e) = self.backend.synchronize_event(p.event) {
                     kept.push_back(p);
                     kept.extend(rest);
-                    self.pending.insert(s, kept);
+                    self.pending.put(*s, kept);
+                    self.pending.drop_emptied(&walked);
                     return Err(e.into());
                 }
                 self.reclaim(p);
             }
-            if !kept.is_empty() {
-                self.pending.insert(s, kept);
-            }
+            self.pending.put(*s, kept);
+        }
+        if only.is_none() {
+            self.pending.clear();
+        } else {
+            self.pending.drop_emptied(&walked);
         }
         Ok(())
     }
 
     fn complete(&mut self, stream: StreamId, done: PendingEvent) {
-        if let Some(q) = self.pending.get_mut(&stream) {
-            q.pop_front();
-        }
+        self.pending.pop_front(stream);
         self.reclaim(done);
     }
 
@@ -218,10 +221,7 @@ impl State {
     /// Destroys every event this allocator created, spare or outstanding (best
     /// effort, when the allocator is dropped).
     pub(crate) fn destroy_events(&mut self) {
-        let outstanding = std::mem::take(&mut self.pending)
-            .into_values()
-            .flatten()
-            .map(|e| e.event);
+        let outstanding = self.pending.drain().into_iter().map(|e| e.event);
         let events: Vec<EventId> = self.spare_events.drain(..).chain(outstanding).collect();
         for e in events {
             let _ = self.backend.destroy_event(e);

@@ -204,8 +204,11 @@ impl State {
             "{allocated} allocated blocks, {} listed",
             self.allocated.len()
         );
+        if let Err(e) = self.pending.check(&self.hashes) {
+            return Err(InvariantViolation(format!("event queues: {e}")));
+        }
         let mut waits: BTreeMap<_, u32> = BTreeMap::new();
-        for e in self.pending.values().flatten() {
+        for e in self.pending.events() {
             *waits.entry(e.block).or_default() += 1;
         }
         for (id, b) in self.blocks.iter() {
