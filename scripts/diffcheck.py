@@ -29,8 +29,7 @@ another stream (each would break the capture or race with its events).
     python3 scripts/diffcheck.py --programs 5000 --ops 120 --json out.json --markdown out.md
 
 With `--golden DIR` it records instead: PyTorch's own allocator runs
-`--programs` programs (one record_stream per tensor at most) per
-configuration, and DIR/pools.<configuration>.json.gz gets each program's
+`--programs` programs per configuration, and DIR/pools.<configuration>.json.gz gets each program's
 operations and memory_stats() after each, for `cachalot parity`.
 """
 
@@ -343,7 +342,7 @@ def worker(args):
     streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(STREAMS - 1)]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else range(args.first, args.first + args.programs)
     for seed in seeds:
-        ops = program(seed, args.ops, single_record=args.golden_ops)
+        ops = program(seed, args.ops, single_record=args.single_record)
         golden = [] if args.golden_ops else None
         trail = run_program(torch, streams, ops, args.full, golden)
         line = {"seed": seed, "trail": trail}
@@ -477,6 +476,7 @@ def record_golden(args):
     os.makedirs(args.golden, exist_ok=True)
     for name in args.configs.split(","):
         cmd = _worker_cmd("native", args) + ["--full", "--golden-ops"]
+        cmd += ["--single-record"] if args.single_record else []
         run = subprocess.run(cmd, env=_env("native", CONFIGS[name]), capture_output=True, text=True, check=False)
         lines = [json.loads(l) for l in run.stdout.splitlines() if l.startswith("{")]
         if run.returncode != 0 or len(lines) != args.programs:
@@ -498,6 +498,7 @@ def main():
     p.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--golden-ops", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--golden", metavar="DIR", help="record golden files for `cachalot parity` instead")
+    p.add_argument("--single-record", action="store_true", help="record each tensor on one other stream at most")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--programs", type=int, default=5000, help="programs per configuration")
     p.add_argument("--first", type=int, default=0, help="first seed")

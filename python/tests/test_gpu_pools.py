@@ -213,10 +213,12 @@ print(json.dumps(out))
 def test_reduce_overhead_gives_natives_outputs(torch_gpu, tmp_path):
     conf = os.environ.get("CACHALOT_ALLOC_CONF", "")
     runs = {}
-    for who in ("native", "cachalot"):
+    for who in ("native", "expandable", "cachalot"):
         env = dict(os.environ)
         env.pop("CACHALOT_ALLOC_CONF", None)
         env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if who == "expandable":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / who)
         runs[who] = subprocess.Popen([sys.executable, "-c", COMPILE_PROGRAM, who, conf],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -231,4 +233,5 @@ def test_reduce_overhead_gives_natives_outputs(torch_gpu, tmp_path):
             continue
         assert cachalot[key] == pytest.approx(native[key], rel=1e-5, abs=1e-5), key
     print(f"reduce-overhead max reserved: native {native['max_reserved'] / MIB:.0f} MiB, "
-          f"cachalot {cachalot['max_reserved'] / MIB:.0f} MiB")
+          f"expandable_segments {got['expandable']['max_reserved'] / MIB:.0f} MiB, "
+          f"cachalot ({conf or 'policy:pytorch'}) {cachalot['max_reserved'] / MIB:.0f} MiB")
