@@ -43,7 +43,7 @@ def _check_program(dc, ops, single_record=False):
             recorded.append(False)
         elif kind == "free":
             assert 0 <= op[1] < len(recorded)
-            assert not (capturing and recorded[op[1]]), "a capture never waits on an event"
+            assert not (route is not None and recorded[op[1]]), "no free is deferred by a route"
             recorded.pop(op[1])
         elif kind == "record":
             assert 0 <= op[1] < len(recorded) and 0 <= op[2] < dc.STREAMS
