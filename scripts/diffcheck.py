@@ -408,9 +408,18 @@ def compare(native, other):
 def _explain(name, conf, args, seeds):
     """Runs differing programs again with the whole statistics."""
     out = []
-    runs = {a: subprocess.run(_worker_cmd(a, args, seeds, full=True), env=_env(a, conf), capture_output=True,
-                              text=True, check=False) for a in ("native", "cachalot")}  # fmt: skip
+    runs = {a: subprocess.run(_worker_cmd(a, args, seeds, full=True) + ["--golden-ops"], env=_env(a, conf),
+                              capture_output=True, text=True, check=False) for a in ("native", "cachalot")}  # fmt: skip
     full = {a: _trails(r.stdout) for a, r in runs.items()}
+    if args.json:
+        # PyTorch's statistics of the differing programs, as golden entries that
+        # `cachalot parity` replays on the simulated device (to find the cause).
+        lines = [json.loads(l) for l in runs["native"].stdout.splitlines() if l.startswith("{")]
+        entries = [{"name": f"differs_{x['seed']}", "conf": conf, "ops": x["ops"], "after": x["trail"]}
+                   for x in lines]  # fmt: skip
+        path = os.path.join(os.path.dirname(os.path.abspath(args.json)), f"differing.{name}.json.gz")
+        with gzip.open(path, "wt") as f:
+            json.dump(entries, f)
     for seed in seeds:
         a, b = full["native"].get(seed), full["cachalot"].get(seed)
         if a is None or b is None:
