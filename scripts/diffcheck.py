@@ -86,8 +86,10 @@ class _Shape:
 
     def __init__(self):
         self.recorded = []
+        self.captured = []  # per live tensor: the serial of the graph it was captured into, or None
         self.pools = 0
-        self.graphs = 0
+        self.graphs = []  # live graphs' serials, in creation order
+        self.serial = 0
         self.route = None  # None, "pool" or ("capture", stream)
 
 
@@ -141,8 +143,11 @@ def _apply(st, op):
     kind = op[0]
     if kind == "alloc":
         st.recorded.append(False)
+        on_capture = isinstance(st.route, tuple) and st.route[1] == op[2]
+        st.captured.append(st.graphs[-1] if on_capture else None)
     elif kind == "free":
         st.recorded.pop(op[1])
+        st.captured.pop(op[1])
     elif kind == "record":
         st.recorded[op[1]] = True
     elif kind in ("pool_new", "pool_del"):
@@ -151,11 +156,12 @@ def _apply(st, op):
         st.route = "pool"
     elif kind == "capture_begin":
         st.route = ("capture", op[1])
-        st.graphs += 1
+        st.serial += 1
+        st.graphs.append(st.serial)
     elif kind in ("pool_exit", "capture_end"):
         st.route = None
     elif kind == "graph_del":
-        st.graphs -= 1
+        st.graphs.pop(op[1])
 
 
 def _pool_op(rng, st):
@@ -175,14 +181,19 @@ def _pool_op(rng, st):
 
 
 def _graph_op(rng, st):
-    """A graph operation valid while no route is open, or None."""
+    """A graph operation valid while no route is open, or None. A graph is
+    deleted only once the tensors captured into it are gone: PyTorch 2.11
+    under expandable_segments can erase the pool of a deleted graph at the
+    next empty_cache while such a tensor lives, and then crashes (a
+    segmentation fault) when that tensor is freed (docs/benchmarks.md)."""
     if st.route is not None:
         return None
     choices = []
-    if st.graphs < MAX_GRAPHS:
+    if len(st.graphs) < MAX_GRAPHS:
         choices.append(("capture_begin", rng.randrange(1, STREAMS), rng.random() < 0.5))
-    if st.graphs:
-        choices.append(("graph_del", rng.randrange(st.graphs)))
+    done = [j for j, g in enumerate(st.graphs) if g not in st.captured]
+    if done:
+        choices.append(("graph_del", rng.choice(done)))
     return rng.choice(choices) if choices else None
 
 

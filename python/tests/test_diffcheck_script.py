@@ -10,10 +10,10 @@ def dc(script):
 
 def _check_program(dc, ops, single_record=False):
     """Replays the rules a program must keep; returns the kinds it used."""
-    recorded, pools, graphs, route = [], 0, 0, None
+    recorded, captured, pools, graphs, route, serial = [], [], 0, [], None, 0
     for op in ops:
         kind = op[0]
-        capturing = route == "capture"
+        capturing = isinstance(route, tuple)
         if kind in ("pool_new", "pool_del", "pool_enter", "capture_begin", "graph_del", "empty_cache", "record"):
             assert route is None or (kind in ("empty_cache", "record") and route == "pool"), (op, route)
         if kind == "pool_new":
@@ -29,22 +29,26 @@ def _check_program(dc, ops, single_record=False):
             assert 0 <= op[1] < pools
             pools -= 1
         elif kind == "capture_begin":
-            assert graphs < dc.MAX_GRAPHS and 1 <= op[1] < dc.STREAMS
-            graphs += 1
-            route = "capture"
+            assert len(graphs) < dc.MAX_GRAPHS and 1 <= op[1] < dc.STREAMS
+            serial += 1
+            graphs.append(serial)
+            route = ("capture", op[1])
         elif kind == "capture_end":
             assert capturing
             route = None
         elif kind == "graph_del":
-            assert 0 <= op[1] < graphs
-            graphs -= 1
+            assert 0 <= op[1] < len(graphs)
+            assert graphs[op[1]] not in captured, "a graph outlives the tensors captured into it"
+            graphs.pop(op[1])
         elif kind == "alloc":
             assert 1 <= op[1] < 400 * dc.MIB and 0 <= op[2] < dc.STREAMS
             recorded.append(False)
+            captured.append(graphs[-1] if capturing and route[1] == op[2] else None)
         elif kind == "free":
             assert 0 <= op[1] < len(recorded)
             assert not (route is not None and recorded[op[1]]), "no free is deferred by a route"
             recorded.pop(op[1])
+            captured.pop(op[1])
         elif kind == "record":
             assert 0 <= op[1] < len(recorded) and 0 <= op[2] < dc.STREAMS
             assert not (single_record and recorded[op[1]])
