@@ -24,10 +24,10 @@ stream, into the graph's own pool or a `graph_pool_handle()` shared by the
 graphs of the program, with allocations and frees on every stream during the
 capture; graphs deleted later). A capture never spans a device
 synchronization, an empty_cache or a deletion (each would break the capture).
-Under expandable_segments the programs hold no capture: PyTorch 2.11's graph
-pools on expandable segments fail its own assert at an empty_cache
-(`cudaMalloc_count > 0`), and crash when a graph dies before a tensor captured
-into it (docs/benchmarks.md). No tensor used on another stream is freed while a MemPool or a capture is
+Under expandable_segments the programs hold no MemPool and no capture:
+PyTorch 2.11's private pools on expandable segments fail its own assert at an
+empty_cache (`cudaMalloc_count > 0`), and crash when a graph dies before a
+tensor captured into it (docs/benchmarks.md). No tensor used on another stream is freed while a MemPool or a capture is
 routed to: PyTorch defers such a free's events to the first allocation after
 the route, which records them and queries them at once, so whether they have
 completed is a race on the GPU, not the allocator's logic (the unit tests and
@@ -94,10 +94,10 @@ class _Shape:
         self.graphs = []  # live graphs' serials, in creation order
         self.serial = 0
         self.route = None  # None, "pool" or ("capture", stream)
-        self.captures = True
+        self.private_pools = True
 
 
-def program(seed, ops, single_record=False, captures=True):
+def program(seed, ops, single_record=False, private_pools=True):
     """`ops` operations: ("alloc", size, stream), ("free", k), ("record", k,
     stream), ("empty_cache",), ("reset_peak",); MemPool ones: ("pool_new",
     use_on_oom, no_split), ("pool_enter", j) (this thread's allocations go to
@@ -106,10 +106,10 @@ def program(seed, ops, single_record=False, captures=True):
     program's shared handle), ("capture_end",), ("graph_del", j). k indexes
     the live tensors in allocation order, j the live pools or graphs in
     creation order. With `single_record`, a tensor is recorded on one other
-    stream at most; without `captures`, no graph is captured."""
+    stream at most; without `private_pools`, no MemPool nor graph is made."""
     rng = random.Random(seed)
     st, out = _Shape(), []
-    st.captures = captures
+    st.private_pools = private_pools
     for _ in range(ops):
         op = _next_op(rng, st, single_record)
         _apply(st, op)
@@ -174,7 +174,7 @@ def _pool_op(rng, st):
     while no route is open (PyTorch 2.11 aborts otherwise)."""
     if st.route == "pool":
         return ("pool_exit",)
-    if st.route is not None:
+    if st.route is not None or not st.private_pools:
         return None
     choices = []
     if st.pools < MAX_POOLS:
@@ -191,7 +191,7 @@ def _graph_op(rng, st):
     under expandable_segments can erase the pool of a deleted graph at the
     next empty_cache while such a tensor lives, and then crashes (a
     segmentation fault) when that tensor is freed (docs/benchmarks.md)."""
-    if st.route is not None or not st.captures:
+    if st.route is not None or not st.private_pools:
         return None
     choices = []
     if len(st.graphs) < MAX_GRAPHS:
@@ -364,7 +364,7 @@ def worker(args):
     streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(STREAMS - 1)]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else range(args.first, args.first + args.programs)
     for seed in seeds:
-        ops = program(seed, args.ops, single_record=args.single_record, captures=not args.no_captures)
+        ops = program(seed, args.ops, single_record=args.single_record, private_pools=not args.no_private_pools)
         golden = [] if args.golden_ops else None
         if args.verbose:
             print(f"seed {seed}", file=sys.stderr, flush=True)
@@ -385,9 +385,9 @@ def worker(args):
 def _worker_cmd(allocator, args, conf, seeds=None, full=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", allocator, "--ops", str(args.ops)]
     if "expandable_segments:True" in conf:
-        # PyTorch 2.11's graph pools on expandable segments fail its own
-        # assert at an empty_cache (cudaMalloc_count > 0): no captures there.
-        cmd.append("--no-captures")
+        # PyTorch 2.11's private pools on expandable segments fail its own
+        # assert at an empty_cache (cudaMalloc_count > 0): none there.
+        cmd.append("--no-private-pools")
     if seeds:
         return cmd + ["--seeds", ",".join(map(str, seeds))] + (["--full"] if full else [])
     return cmd + ["--programs", str(args.programs), "--first", str(args.first)]
@@ -450,7 +450,7 @@ def _explain(name, conf, args, seeds):
             out.append(f"seed {seed}: equal when run again alone (timing)")
             continue
         i, keys = found
-        op = program(seed, args.ops, captures="expandable_segments:True" not in conf)[i] if i < args.ops else None
+        op = program(seed, args.ops, private_pools="expandable_segments:True" not in conf)[i] if i < args.ops else None
         shown = ", ".join(f"{k} {b[i].get(k)} vs {a[i].get(k)}" for k in keys[:6]) if i < min(len(a), len(b)) else ""
         out.append(f"seed {seed}: operation {i} {op}: {shown}")
     return out
@@ -535,7 +535,7 @@ def main():
     p.add_argument("--full", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--golden-ops", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--no-captures", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-private-pools", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--golden", metavar="DIR", help="record golden files for `cachalot parity` instead")
     p.add_argument("--single-record", action="store_true", help="record each tensor on one other stream at most")
     p.add_argument("--configs", default=",".join(CONFIGS))
