@@ -31,6 +31,10 @@
 //!   while any route is open, cross-stream frees wait and caches are not
 //!   flushed, as during a capture. A private pool keeps its memory until no
 //!   graph or `MemPool` uses it (then it is *freeable*).
+//! * **backing**, **handle**: what lies under an allocation (its segment, or
+//!   its mapped pages), and the bytes another process opens it with
+//!   ([`ipc`]): PyTorch's own CUDA IPC handle for a segment, file descriptors
+//!   handed over a Unix socket for pages.
 //! * **slot**: a replay plan's number for one recorded allocation:
 //!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
 //!   a plan names allocations without their recorded addresses.
