@@ -110,6 +110,8 @@ pub(crate) struct StreamState {
     pub(crate) ledger: Ledger,
     recorded: HashMap<u64, Vec<StreamId>>,
     pending: Vec<Pending>,
+    /// How many of `pending` were freed while quiet, their events unrecorded.
+    unrecorded: usize,
     spare_events: Vec<EventId>,
     /// The most pages this stream ever had in use at once.
     peak_in_use: u64,
@@ -161,6 +163,7 @@ impl StreamState {
             ledger,
             recorded: HashMap::new(),
             pending: Vec::new(),
+            unrecorded: 0,
             spare_events: Vec::new(),
             peak_in_use: 0,
             remaps: 0,
@@ -634,7 +637,9 @@ impl StreamState {
             wait_device: false,
             unrecorded: streams,
         };
-        if !pages.quiet() {
+        if pages.quiet() {
+            self.unrecorded += 1;
+        } else {
             self.record_pending(pages, &mut pending);
         }
         self.pending.push(pending);
@@ -655,6 +660,10 @@ impl StreamState {
 
     /// Records the events of the frees made while quiet.
     fn record_deferred(&mut self, pages: &Pages) {
+        if self.unrecorded == 0 {
+            return;
+        }
+        self.unrecorded = 0;
         let mut pending = std::mem::take(&mut self.pending);
         for waiting in pending.iter_mut().filter(|w| !w.unrecorded.is_empty()) {
             self.record_pending(pages, waiting);
