@@ -94,36 +94,6 @@ pub(crate) enum Change {
     Splits { small: bool, count: i64, bytes: i64 },
 }
 
-impl Change {
-    /// What of this change raises a statistic (none for a free): applied to
-    /// the figures in any order, these bound every value that applying the
-    /// changes in any order reaches.
-    fn increase(self) -> Option<Change> {
-        match self {
-            Change::Allocated { .. } => Some(self),
-            Change::Reserved {
-                small,
-                bytes,
-                segments,
-            } if bytes > 0 || segments > 0 => Some(Change::Reserved {
-                small,
-                bytes: bytes.max(0),
-                segments: segments.max(0),
-            }),
-            Change::Splits {
-                small,
-                count,
-                bytes,
-            } if count > 0 || bytes > 0 => Some(Change::Splits {
-                small,
-                count: count.max(0),
-                bytes: bytes.max(0),
-            }),
-            _ => None,
-        }
-    }
-}
-
 /// Statistics that [`Change`]s are applied to: a stream's or a device's.
 #[derive(Clone, Debug)]
 pub(crate) struct Figures {
@@ -356,68 +326,10 @@ impl Merged {
         }
     }
 
-    /// Applies each change stamped before `horizon`; the rest wait. When no
-    /// order of the waiting changes could raise a peak, order does not
-    /// matter and each run is applied as it is; else the runs are merged in
-    /// time order.
-    fn apply_due(&mut self, horizon: u64) {
-        if self.no_peak_within_reach() {
-            self.apply_runs(horizon);
-        } else {
-            self.apply_in_time_order(horizon);
-        }
-    }
-
-    /// Whether the device's figures with every waiting increase applied (and
-    /// no decrease) have the peaks they have now: then no order of the
-    /// waiting changes raises a peak. Holds in a steady loop, whose device
-    /// peaks were reached before; costs a pass over the changes, where the
-    /// time order costs a sort.
-    fn no_peak_within_reach(&self) -> bool {
-        let mut bound = self.figures.clone();
-        let increases = self
-            .waiting
-            .iter()
-            .flatten()
-            .filter_map(|(_, c)| c.increase());
-        increases.for_each(|c| bound.apply(c));
-        let (now, reach) = (self.figures.stats(), bound.stats());
-        now.arrays()
-            .into_iter()
-            .zip(reach.arrays())
-            .all(|((_, a), (_, b))| {
-                let peaks = |x: &crate::stats::StatArray| {
-                    (x.all.peak, x.small_pool.peak, x.large_pool.peak)
-                };
-                peaks(a) == peaks(b)
-            })
-    }
-
-    /// Applies each run's changes stamped before `horizon` as the run holds
-    /// them; what is later stays, each run still in time order.
-    fn apply_runs(&mut self, horizon: u64) {
-        let mut runs = std::mem::take(&mut self.waiting);
-        for run in &mut runs {
-            let due = run.partition_point(|&(stamp, _)| stamp < horizon);
-            for &(stamp, change) in &run[..due] {
-                self.late += u64::from(stamp < self.horizon);
-                self.figures.apply(change);
-            }
-            run.drain(..due);
-        }
-        for run in runs {
-            if run.is_empty() {
-                self.spare.push(run);
-            } else {
-                self.waiting.push(run);
-            }
-        }
-    }
-
     /// Merges the runs, applying each change stamped before `horizon` in time
     /// order (a run's own changes in the order made); the rest wait, as one
     /// run.
-    fn apply_in_time_order(&mut self, horizon: u64) {
+    fn apply_due(&mut self, horizon: u64) {
         let mut all = self.spare.pop().unwrap_or_default();
         for mut run in self.waiting.drain(..) {
             all.append(&mut run);
@@ -516,66 +428,6 @@ mod tests {
         merged.settle_all();
         assert_eq!(merged.figures().stats().allocated_bytes.all.current, 107);
         validate(merged, &merged.figures.stats()).expect("nothing waits");
-    }
-
-    #[test]
-    fn below_the_peaks_runs_apply_as_they_are_and_agree_with_time_order() {
-        let device = DeviceJournal::new();
-        let mut merged = None;
-        // Peaks of 8 blocks and 1000 bytes.
-        let mut first = Figures::new(MemoryStats::new(None));
-        (0..8).for_each(|_| first.apply(alloc(125)));
-        (0..8).for_each(|_| first.apply(free(125)));
-        let mut a = device.start(&mut merged, &first);
-        let mut b = device.journal();
-        let merged = merged.as_mut().expect("started");
-        a.note(alloc(100));
-        a.note(alloc(300));
-        for size in [200, 300] {
-            b.note(alloc(size));
-            b.note(free(size));
-        }
-        a.note(free(300));
-        merged.drain(&mut b);
-        merged.drain(&mut a);
-        assert!(
-            merged.no_peak_within_reach(),
-            "4 blocks and 900 bytes at most, below the peaks"
-        );
-        // 400 more bytes could pass the peak of 1000, in some order.
-        let mut c = device.journal();
-        c.note(alloc(400));
-        merged.drain(&mut c);
-        assert!(!merged.no_peak_within_reach());
-        merged.settle_all();
-        let s = merged.figures().stats();
-        assert_eq!(s.allocated_bytes.all.current, 100 + 400);
-        assert_eq!(s.allocated_bytes.all.peak, 1000);
-        assert_eq!(s.allocation.all.allocated, 8 + 5);
-        validate(merged, &merged.figures.stats()).expect("nothing waits");
-    }
-
-    #[test]
-    fn runs_apply_only_what_is_due() {
-        let device = DeviceJournal::new();
-        let mut merged = None;
-        // Peaks of 8 blocks and 1000 bytes.
-        let mut first = Figures::new(MemoryStats::new(None));
-        (0..8).for_each(|_| first.apply(alloc(125)));
-        (0..8).for_each(|_| first.apply(free(125)));
-        let mut a = device.start(&mut merged, &first);
-        let merged = merged.as_mut().expect("started");
-        a.note(alloc(10));
-        let horizon = device.now() + 1;
-        std::thread::sleep(std::time::Duration::from_micros(50));
-        a.note(alloc(20));
-        merged.drain(&mut a);
-        assert!(merged.no_peak_within_reach());
-        merged.settle(horizon);
-        assert_eq!(merged.figures().stats().allocated_bytes.all.current, 10);
-        assert_eq!(merged.figures().stats().allocated_bytes.all.peak, 1000);
-        merged.settle_all();
-        assert_eq!(merged.figures().stats().allocated_bytes.all.current, 30);
     }
 
     #[test]
