@@ -8,7 +8,9 @@
 //! simulator predicts for the same replay. Then the threaded pattern with 1, 2, 4
 //! and 8 threads, each on its own stream, after an untimed warm-up as long as
 //! the timed run (steady state, as for the passes): total operations per
-//! microsecond (the median of three runs).
+//! microsecond (the median of three runs) and the driver memory calls made
+//! while timed; then the same on the simulated device, the allocator alone
+//! without the driver.
 //!
 //! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
@@ -202,20 +204,57 @@ fn run_pattern(
     Ok(done)
 }
 
+/// Where the threaded pattern runs: on the GPU (each thread on a stream of its
+/// own), or on the simulated device (the allocator alone, no driver).
+#[derive(Clone, Copy)]
+enum Device<'a> {
+    Gpu(&'a Arc<CudaBackend>),
+    Sim,
+}
+
+/// One thread's stream, made and given back by the thread.
+fn thread_stream(device: Option<&Arc<CudaBackend>>, t: usize) -> Result<StreamId, String> {
+    match device {
+        Some(gpu) => gpu.create_stream().map_err(|e| e.to_string()),
+        None => Ok(StreamId(t as u64 + 1)),
+    }
+}
+
+fn end_stream(device: Option<&Arc<CudaBackend>>, stream: StreamId) -> Result<(), String> {
+    match device {
+        Some(gpu) => gpu
+            .synchronize_stream(stream)
+            .and_then(|()| gpu.destroy_stream(stream))
+            .map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// The threaded pattern with `threads` threads: total operations per
+/// microsecond, and the driver memory calls made while it was timed.
 fn scaling(
-    gpu: &Arc<CudaBackend>,
+    device: Device<'_>,
     policy: PolicyKind,
     threads: usize,
     steps: u64,
-) -> BoxResult<f64> {
-    let backend: Arc<dyn Backend> = gpu.clone();
+) -> BoxResult<(f64, u64)> {
+    let inner: Arc<dyn Backend> = match device {
+        Device::Gpu(gpu) => gpu.clone(),
+        Device::Sim => Arc::new(SimBackend::h100()),
+    };
+    let counted = Arc::new(Counting::new(inner));
+    let backend: Arc<dyn Backend> = counted.clone();
     let alloc = allocator::create(backend, config(policy))?;
     let barrier = Arc::new(Barrier::new(threads + 1));
+    let gpu = match device {
+        Device::Gpu(gpu) => Some(gpu.clone()),
+        Device::Sim => None,
+    };
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (alloc, gpu, barrier) = (alloc.clone(), gpu.clone(), barrier.clone());
             std::thread::spawn(move || -> Result<(u64, Instant), String> {
-                let stream = gpu.create_stream().map_err(|e| e.to_string())?;
+                let stream = thread_stream(gpu.as_ref(), t)?;
                 let mut live = vec![0u64; PATTERN_SLOTS as usize];
                 let warm = run_pattern(alloc.as_ref(), stream, t as u64 + 1, steps, &mut live);
                 barrier.wait();
@@ -226,23 +265,56 @@ fn scaling(
                 for p in live.into_iter().filter(|p| *p != 0) {
                     alloc.free(p).map_err(|e| e.to_string())?;
                 }
-                gpu.synchronize_stream(stream).map_err(|e| e.to_string())?;
-                gpu.destroy_stream(stream).map_err(|e| e.to_string())?;
+                end_stream(gpu.as_ref(), stream)?;
                 Ok((done.map_err(|e| e.to_string())?, end))
             })
         })
         .collect();
     barrier.wait();
     let start = Instant::now();
+    let calls_before = counted.counts().memory_calls();
     let (mut total, mut last) = (0u64, start);
     for h in handles {
         let (done, end) = h.join().map_err(|_| "a bench thread panicked")??;
         total += done;
         last = last.max(end);
     }
+    let calls = counted.counts().memory_calls() - calls_before;
     alloc.validate()?;
     alloc.empty_cache()?;
-    Ok(total as f64 / (last - start).as_secs_f64() / 1e6)
+    Ok((total as f64 / (last - start).as_secs_f64() / 1e6, calls))
+}
+
+/// [`scaling`] three times per thread count; prints and returns the medians.
+fn scaling_table(
+    device: Device<'_>,
+    key: &str,
+    policy: PolicyKind,
+    args: &Args,
+) -> BoxResult<Value> {
+    let place = match device {
+        Device::Gpu(_) => "",
+        Device::Sim => " (simulated device)",
+    };
+    let mut by = BTreeMap::new();
+    for &threads in &args.threads {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(scaling(device, policy, threads, args.steps)?);
+        }
+        let shown: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (rate, calls) = runs[1];
+        println!(
+            "scaling {key:18} {threads} threads{place}: {rate:.2} ops/us (median of {}), {calls} driver memory calls while timed",
+            shown.join(", ")
+        );
+        by.insert(
+            threads.to_string(),
+            json!({ "ops_per_us": rate, "memory_calls": calls }),
+        );
+    }
+    Ok(json!(by))
 }
 
 fn main() -> BoxResult<()> {
@@ -293,26 +365,13 @@ fn main() -> BoxResult<()> {
         replays.insert(list.name.clone(), by);
     }
     let mut scalings = BTreeMap::new();
+    let mut sim_scalings = BTreeMap::new();
     for (key, policy) in policies {
-        let mut by = BTreeMap::new();
-        for &threads in &args.threads {
-            let mut runs = Vec::new();
-            for _ in 0..3 {
-                runs.push(scaling(&gpu, policy, threads, args.steps)?);
-            }
-            let shown: Vec<String> = runs.iter().map(|r| format!("{r:.2}")).collect();
-            runs.sort_by(f64::total_cmp);
-            let rate = runs[1];
-            println!(
-                "scaling {key:18} {threads} threads: {rate:.2} ops/us (median of {})",
-                shown.join(", ")
-            );
-            by.insert(threads.to_string(), rate);
-        }
-        scalings.insert(key, by);
+        scalings.insert(key, scaling_table(Device::Gpu(&gpu), key, policy, &args)?);
+        sim_scalings.insert(key, scaling_table(Device::Sim, key, policy, &args)?);
     }
     let caps = gpu.capabilities();
-    let out = json!({ "gpu": caps.name, "replay": replays, "scaling": scalings });
+    let out = json!({ "gpu": caps.name, "replay": replays, "scaling": scalings, "scaling_sim": sim_scalings });
     std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
