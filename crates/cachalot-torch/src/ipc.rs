@@ -22,13 +22,14 @@ fn imports() -> &'static Imports {
     IMPORTS.get_or_init(Imports::default)
 }
 
-/// Shares the live allocation at `ptr`, on whichever device holds it.
+/// Shares the live allocation at `ptr`, on whichever device holds it (the
+/// others refuse it as not theirs).
 fn share(ptr: u64) -> PluginResult<Shared> {
     let reg = registry()?;
     for (device, allocator) in reg.devices() {
-        if allocator.backing(ptr).is_ok() {
-            return ipc::share(allocator.as_ref(), ptr)
-                .map_err(|source| PluginError::Allocator { device, source });
+        match ipc::share(allocator.as_ref(), ptr) {
+            Err(cachalot::Error::InvalidFree { .. }) => continue,
+            other => return other.map_err(|source| PluginError::Allocator { device, source }),
         }
     }
     Err(PluginError::UnknownPointer(ptr))

@@ -121,13 +121,6 @@ impl EventQueues {
         }
     }
 
-    /// Forgets every stream (the table keeps its size); used after a walk
-    /// that emptied every queue.
-    pub(crate) fn clear(&mut self) {
-        self.queues.clear();
-        self.order.clear();
-    }
-
     /// Every outstanding event.
     pub(crate) fn events(&self) -> impl Iterator<Item = &PendingEvent> {
         self.queues.values().flatten()

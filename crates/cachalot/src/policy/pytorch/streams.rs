@@ -194,11 +194,7 @@ impl State {
             }
             self.pending.put(*s, kept);
         }
-        if only.is_none() {
-            self.pending.clear();
-        } else {
-            self.pending.drop_emptied(&walked);
-        }
+        self.pending.drop_emptied(&walked);
         Ok(())
     }
 
