@@ -176,6 +176,13 @@ pub struct AllocatorConfig {
     /// small heap, whose slack is less than one large block, does not re-map
     /// at every step. Default: 32 MiB (below the slack of every bundled trace).
     pub cachalot_reuse_min: u64,
+    /// `cachalot` policy: bytes of one physical handle at most where a block's
+    /// own pages are mapped in bulk (`cachalot_extent_mb`); the driver's cost
+    /// is per handle, so larger ones make the first pass faster, but a handle
+    /// goes back only whole, once no live block touches it. 2 (one page) maps
+    /// page by page, for workloads whose shapes change at every step.
+    /// Default: 32 MiB.
+    pub cachalot_extent: u64,
     /// `cachalot` policy: cached (mapped but unused) bytes a stream keeps; past it,
     /// frees unmap and release the least recently used pages
     /// (`cachalot_release_threshold_mb`). Default: unlimited (`None`).
@@ -202,6 +209,7 @@ impl Default for AllocatorConfig {
             cachalot_reuse_slack: 0.035,
             cachalot_churn_slack: 0.15,
             cachalot_reuse_min: 32 * MIB,
+            cachalot_extent: 32 * MIB,
             cachalot_release_threshold: None,
             source: String::new(),
         }
@@ -279,6 +287,12 @@ impl AllocatorConfig {
                 self.cachalot_release_threshold = Some(parse_mib(key, value)?);
             }
             "cachalot_reuse_min_mb" => self.cachalot_reuse_min = parse_mib(key, value)?,
+            "cachalot_extent_mb" => {
+                self.cachalot_extent = parse_mib(key, value)?;
+                if self.cachalot_extent == 0 {
+                    return Err(ConfigError::bad(key, value, "must be at least 1"));
+                }
+            }
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
                 if !n.is_power_of_two() || n > 128 {
@@ -516,6 +530,10 @@ mod tests {
         assert_eq!(c.cachalot_release_threshold, Some(64 * MIB));
         assert_eq!(AllocatorConfig::default().cachalot_reuse_slack, 0.035);
         assert_eq!(AllocatorConfig::default().cachalot_reuse_min, 32 * MIB);
+        assert_eq!(AllocatorConfig::default().cachalot_extent, 32 * MIB);
+        let c = AllocatorConfig::parse("cachalot_extent_mb:2").unwrap();
+        assert_eq!(c.cachalot_extent, 2 * MIB);
+        assert!(AllocatorConfig::parse("cachalot_extent_mb:0").is_err());
         let c = AllocatorConfig::parse("cachalot_reuse_min_mb:0").unwrap();
         assert_eq!(c.cachalot_reuse_min, 0);
         assert!(AllocatorConfig::parse("cachalot_reuse_min_mb:-1").is_err());

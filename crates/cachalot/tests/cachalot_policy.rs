@@ -395,13 +395,22 @@ fn reserved_after_a_misfit(conf: &str) -> (u64, u64) {
 
 #[test]
 fn pages_are_remapped_past_the_reuse_slack() {
-    let (tight, tight_pages) =
-        reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:0");
-    let (loose, loose_pages) = reserved_after_a_misfit("cachalot_reuse_slack:1");
+    // Page by page (one handle per page), so pages can be counted.
+    let (tight, tight_pages) = reserved_after_a_misfit(
+        "cachalot_reuse_slack:0,cachalot_reuse_min_mb:0,cachalot_extent_mb:2",
+    );
+    let (loose, loose_pages) =
+        reserved_after_a_misfit("cachalot_reuse_slack:1,cachalot_extent_mb:2");
     assert_eq!(tight, 20 * MIB, "only the pages under b and c stay mapped");
     assert_eq!(tight_pages, 10);
     assert_eq!(loose, 28 * MIB, "a's pages stay cached");
     assert_eq!(loose_pages, 14);
+    // With bulk handles, a's 4 pages are one handle: c maps two pages up to
+    // the budget, then a's handle goes back whole and one page takes its
+    // place, then the 3 pages left fit the budget as one handle.
+    let (bulk, handles) = reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:0");
+    assert_eq!(bulk, 20 * MIB);
+    assert_eq!(handles, 6, "a, b, then 1 + 1 + 1 + 3 pages for c");
     let (floor, _) = reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:8");
     assert_eq!(
         floor,
@@ -412,39 +421,47 @@ fn pages_are_remapped_past_the_reuse_slack() {
 
 #[test]
 fn the_release_threshold_bounds_cached_pages() {
-    let dev = TestDevice::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&dev, "cachalot_release_threshold_mb:4");
-    let ptrs: Vec<u64> = (0..4)
-        .map(|_| alloc.malloc(16 * MIB, StreamId(0)).unwrap())
-        .collect();
-    for p in ptrs {
-        alloc.free(p).unwrap();
-        alloc.validate().unwrap();
-        assert!(alloc.memory_reserved() - alloc.memory_allocated() <= 4 * MIB);
+    // Page by page, 4 MiB of pages stay cached; with bulk handles (one per
+    // 16 MiB block) a whole handle goes back, so none stays.
+    for (conf, left) in [(",cachalot_extent_mb:2", 4 * MIB), ("", 0)] {
+        let dev = TestDevice::new(SimBackend::new(1 << 30));
+        let alloc = allocator(&dev, &format!("cachalot_release_threshold_mb:4{conf}"));
+        let ptrs: Vec<u64> = (0..4)
+            .map(|_| alloc.malloc(16 * MIB, StreamId(0)).unwrap())
+            .collect();
+        for p in ptrs {
+            alloc.free(p).unwrap();
+            alloc.validate().unwrap();
+            assert!(alloc.memory_reserved() - alloc.memory_allocated() <= 4 * MIB);
+        }
+        assert_eq!(alloc.memory_reserved(), left, "{conf}");
+        alloc.empty_cache().unwrap();
+        assert_eq!(dev.sim.live_objects(), 0);
     }
-    assert_eq!(alloc.memory_reserved(), 4 * MIB);
-    alloc.empty_cache().unwrap();
-    assert_eq!(dev.sim.live_objects(), 0);
 }
 
 #[test]
 fn a_failed_allocation_leaves_no_partial_mapping() {
-    let dev = TestDevice::new(SimBackend::new(1 << 30));
-    let alloc = allocator(&dev, "");
-    dev.faults.fail_nth(CallKind::Map, 4, Fault::DeviceError);
-    assert!(matches!(
-        alloc.malloc(20 * MIB, StreamId(0)),
-        Err(Error::Backend(_))
-    ));
-    alloc.validate().unwrap();
-    assert_eq!(
-        alloc.memory_reserved(),
-        0,
-        "the three pages mapped before the failure went back"
-    );
-    assert_eq!(dev.sim.counters().used, 0);
-    alloc.empty_cache().unwrap();
-    assert_eq!(dev.sim.live_objects(), 0);
+    // Page by page, the fourth page fails; with bulk handles, the second
+    // handle (a 40 MiB block takes one of 16 pages, then one of 4).
+    for (conf, size, nth) in [("cachalot_extent_mb:2", 20 * MIB, 4), ("", 40 * MIB, 2)] {
+        let dev = TestDevice::new(SimBackend::new(1 << 30));
+        let alloc = allocator(&dev, conf);
+        dev.faults.fail_nth(CallKind::Map, nth, Fault::DeviceError);
+        assert!(matches!(
+            alloc.malloc(size, StreamId(0)),
+            Err(Error::Backend(_))
+        ));
+        alloc.validate().unwrap();
+        assert_eq!(
+            alloc.memory_reserved(),
+            0,
+            "{conf}: what was mapped before the failure went back"
+        );
+        assert_eq!(dev.sim.counters().used, 0);
+        alloc.empty_cache().unwrap();
+        assert_eq!(dev.sim.live_objects(), 0);
+    }
 }
 
 /// A page re-mapped from a freed block is unmapped only after the stream's

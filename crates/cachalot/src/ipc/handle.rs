@@ -8,7 +8,8 @@
 //! - `'x'`: mapped pages (cachalot's own kind), then, little-endian: the
 //!   length (u16) and bytes of the name of the abstract Unix socket that hands
 //!   out the pages' file descriptors, the 16-byte token that names the pages
-//!   there, the page size (u64) and the page count (u32).
+//!   there, the count of physical handles (u32) and each one's size in bytes
+//!   (u64), in address order.
 
 use crate::backend::IPC_HANDLE_BYTES;
 use crate::error::{Error, Result};
@@ -17,6 +18,9 @@ use crate::error::{Error, Result};
 pub const VERSION: u8 = 2;
 const SEGMENT: u8 = b'c';
 const PAGES: u8 = b'x';
+/// The most physical handles one shared allocation may have (an allocation
+/// of a whole H200 in 2 MiB pages has 71,680).
+const MAX_PAGES: u32 = 1 << 20;
 
 /// A decoded handle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,10 +33,9 @@ pub enum Handle {
         socket: String,
         /// What names the pages there.
         token: [u8; 16],
-        /// Bytes per page.
-        page_size: u64,
-        /// Pages, mapped contiguously from the shared range's base.
-        count: u32,
+        /// The bytes of each physical handle, mapped one after another from
+        /// the shared range's base.
+        sizes: Vec<u64>,
     },
 }
 
@@ -48,16 +51,17 @@ impl Handle {
             Handle::Pages {
                 socket,
                 token,
-                page_size,
-                count,
+                sizes,
             } => {
                 out.push(PAGES);
                 let name = socket.as_bytes();
                 out.extend_from_slice(&(name.len() as u16).to_le_bytes());
                 out.extend_from_slice(name);
                 out.extend_from_slice(token);
-                out.extend_from_slice(&page_size.to_le_bytes());
-                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&(sizes.len() as u32).to_le_bytes());
+                sizes
+                    .iter()
+                    .for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
             }
         }
         out
@@ -84,16 +88,21 @@ impl Handle {
                 let socket = String::from_utf8(name.to_vec())
                     .map_err(|_| bad("a socket name that is not UTF-8".into()))?;
                 let token = r.array()?;
-                let page_size = u64::from_le_bytes(r.array()?);
                 let count = u32::from_le_bytes(r.array()?);
-                if !page_size.is_power_of_two() || count == 0 {
-                    return Err(bad(format!("{count} pages of {page_size} bytes")));
+                if count == 0 || count > MAX_PAGES {
+                    return Err(bad(format!("{count} pages (1 to {MAX_PAGES})")));
+                }
+                let sizes = (0..count)
+                    .map(|_| Ok(u64::from_le_bytes(r.array()?)))
+                    .collect::<Result<Vec<u64>>>()?;
+                let total = sizes.iter().try_fold(0u64, |t, s| t.checked_add(*s));
+                if sizes.contains(&0) || total.is_none() {
+                    return Err(bad(format!("page sizes {sizes:?}")));
                 }
                 Handle::Pages {
                     socket,
                     token,
-                    page_size,
-                    count,
+                    sizes,
                 }
             }
             b'e' => {
@@ -155,8 +164,7 @@ mod tests {
         let pages = Handle::Pages {
             socket: "cachalot-ipc.12.ab".into(),
             token: [9; 16],
-            page_size: 2 << 20,
-            count: 3,
+            sizes: vec![2 << 20, 8 << 20, 2 << 20],
         };
         assert_eq!(Handle::decode(&pages.encode()).unwrap(), pages);
     }
@@ -166,8 +174,7 @@ mod tests {
         let pages = Handle::Pages {
             socket: "s".into(),
             token: [1; 16],
-            page_size: 2 << 20,
-            count: 1,
+            sizes: vec![2 << 20],
         }
         .encode();
         for cut in 0..pages.len() {
@@ -184,9 +191,13 @@ mod tests {
         native.extend_from_slice(&[0; 40]);
         let e = Handle::decode(&native).unwrap_err().to_string();
         assert!(e.contains("PyTorch's own allocator"), "{e}");
-        let mut odd = pages;
-        let at = odd.len() - 12;
-        odd[at..at + 8].copy_from_slice(&3u64.to_le_bytes());
-        assert!(Handle::decode(&odd).is_err(), "a page size of 3");
+        let mut empty = pages.clone();
+        let at = empty.len() - 8;
+        empty[at..].copy_from_slice(&0u64.to_le_bytes());
+        assert!(Handle::decode(&empty).is_err(), "a page of 0 bytes");
+        let mut none = pages;
+        let at = none.len() - 12;
+        none[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Handle::decode(&none[..at + 4]).is_err(), "no pages");
     }
 }

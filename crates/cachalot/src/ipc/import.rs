@@ -57,12 +57,11 @@ impl Imports {
             Handle::Pages {
                 socket,
                 token,
-                page_size,
-                count,
+                sizes,
             } => {
-                let fds = server::fetch(&socket, &token, count as usize)?;
-                let (base, pages) = map_pages(backend.as_ref(), &fds, page_size)?;
-                let size = page_size * u64::from(count);
+                let fds = server::fetch(&socket, &token, sizes.len())?;
+                let (base, pages) = map_pages(backend.as_ref(), &fds, &sizes)?;
+                let size = sizes.iter().sum();
                 (base, Mapping::Pages { size, pages })
             }
         };
@@ -113,16 +112,16 @@ impl Imports {
     }
 }
 
-/// Imports each descriptor's page and maps them in order in a fresh range;
-/// on failure, undoes what it did.
+/// Imports each descriptor's handle (of `sizes[i]` bytes) and maps them in
+/// order in a fresh range; on failure, undoes what it did.
 fn map_pages(
     backend: &dyn Backend,
     fds: &[std::os::fd::OwnedFd],
-    page_size: u64,
+    sizes: &[u64],
 ) -> Result<(DevicePtr, Vec<PageHandle>)> {
     let mut pages = Vec::with_capacity(fds.len());
-    for fd in fds {
-        match backend.import_page(fd.as_fd(), page_size) {
+    for (fd, bytes) in fds.iter().zip(sizes) {
+        match backend.import_page(fd.as_fd(), *bytes) {
             Ok(p) => pages.push(p),
             Err(e) => {
                 release_all(backend, &pages);
@@ -130,7 +129,7 @@ fn map_pages(
             }
         }
     }
-    let size = page_size * pages.len() as u64;
+    let size = sizes.iter().sum();
     let base = match backend.reserve_range(size) {
         Ok(b) => b,
         Err(e) => {
@@ -138,9 +137,9 @@ fn map_pages(
             return Err(e.into());
         }
     };
-    for (i, p) in pages.iter().enumerate() {
-        if let Err(e) = backend.map(base + i as u64 * page_size, *p) {
-            let mapped = i as u64 * page_size;
+    let mut mapped = 0;
+    for (p, bytes) in pages.iter().zip(sizes) {
+        if let Err(e) = backend.map(base + mapped, *p) {
             if mapped > 0 {
                 let _ = backend.unmap(base, mapped);
             }
@@ -148,6 +147,7 @@ fn map_pages(
             release_all(backend, &pages);
             return Err(e.into());
         }
+        mapped += bytes;
     }
     Ok((base, pages))
 }

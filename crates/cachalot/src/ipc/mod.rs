@@ -40,14 +40,12 @@ pub enum Backing {
         /// The segment's base address.
         base: DevicePtr,
     },
-    /// Pages mapped one after another from `base`.
+    /// Physical handles mapped one after another from `base`.
     Pages {
-        /// Where the first page is mapped.
+        /// Where the first handle is mapped.
         base: DevicePtr,
-        /// Bytes per page.
-        page_size: u64,
-        /// The pages, in address order.
-        pages: Vec<PageHandle>,
+        /// The handles and their bytes, in address order.
+        pages: Vec<(PageHandle, u64)>,
     },
 }
 
@@ -83,25 +81,22 @@ pub fn share(alloc: &dyn DeviceAllocator, ptr: DevicePtr) -> Result<Shared> {
             offset: ptr - base,
             handle: Handle::Segment(backend.export_segment(base)?).encode(),
         }),
-        Backing::Pages {
-            base,
-            page_size,
-            pages,
-        } => {
+        Backing::Pages { base, pages } => {
+            let first = pages
+                .first()
+                .ok_or_else(|| Error::InvalidArgument(format!("no pages lie under {ptr:#x}")))?;
             // Fails now, not in the receiver, when the pages cannot be exported.
-            drop(backend.export_page(pages[0])?);
-            let count = u32::try_from(pages.len())
-                .map_err(|_| Error::InvalidArgument("too many pages to share".into()))?;
+            drop(backend.export_page(first.0)?);
+            let sizes = pages.iter().map(|(_, bytes)| *bytes).collect();
             let server = server()?;
             let pages = Arc::new(pages);
             let token = server.offer(Arc::new(move || {
-                pages.iter().map(|p| backend.export_page(*p)).collect()
+                pages.iter().map(|(p, _)| backend.export_page(*p)).collect()
             }));
             let handle = Handle::Pages {
                 socket: server.name().to_string(),
                 token,
-                page_size,
-                count,
+                sizes,
             };
             Ok(Shared {
                 offset: ptr - base,

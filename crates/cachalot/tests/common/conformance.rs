@@ -315,21 +315,12 @@ pub fn backing_covers_each_allocation(a: &dyn DeviceAllocator) {
                     .expect("the base is a segment's");
                 assert!(base <= *p && p + size <= base + seg.total_size);
             }
-            Backing::Pages {
-                base,
-                page_size,
-                pages,
-            } => {
-                assert!(
-                    base <= *p && *p < base + page_size,
-                    "starts in the first page"
-                );
-                let end = base + page_size * pages.len() as u64;
-                assert!(
-                    p + size <= end && end < p + size + page_size,
-                    "ends in the last"
-                );
-                let mut distinct = pages.clone();
+            Backing::Pages { base, pages } => {
+                let (first, last) = (pages[0].1, pages[pages.len() - 1].1);
+                assert!(base <= *p && *p < base + first, "starts in the first page");
+                let end = base + pages.iter().map(|(_, bytes)| bytes).sum::<u64>();
+                assert!(p + size <= end && end < p + size + last, "ends in the last");
+                let mut distinct: Vec<_> = pages.iter().map(|(h, _)| *h).collect();
                 distinct.sort_unstable();
                 distinct.dedup();
                 assert_eq!(distinct.len(), pages.len());

@@ -1,9 +1,15 @@
-//! The cells of a reserved virtual range (its page-sized, page-aligned pieces,
-//! each of which can hold one mapped page): which hold a physical page, how
-//! many live blocks touch each, and which mapped cells no live block touches
-//! (the cached pages). A stream that must re-map a cached page
-//! takes the next one after a rotating hand (a clock sweep), so the hot path
-//! keeps no queue.
+//! The cells of a reserved virtual range (its page-sized, page-aligned pieces):
+//! which hold physical memory, how many live blocks touch each, and which
+//! mapped cells no live block touches (the cached pages). A stream that must
+//! re-map a cached page takes the next one after a rotating hand (a clock
+//! sweep), so the hot path keeps no queue.
+//!
+//! Physical memory comes in **extents**: one handle of one or more pages,
+//! mapped whole over as many consecutive cells (growth in bulk makes one
+//! handle instead of one per page, and the driver's cost is per handle). The
+//! driver maps a handle only whole, at its start, so an extent is unmapped,
+//! re-mapped or released whole too, and only once no live block touches any
+//! of its cells.
 //!
 //! Bookkeeping only: the caller makes the backend calls and reports them here.
 
@@ -27,6 +33,8 @@ pub(crate) struct Cells {
     /// log2 of the cell size.
     shift: u32,
     pages: Vec<Option<PageHandle>>,
+    /// At an extent's first cell, its length in cells; 0 elsewhere.
+    heads: Vec<u32>,
     /// Live blocks that start or end in each cell.
     users: Vec<u32>,
     bits: Vec<u64>,
@@ -53,6 +61,7 @@ impl Cells {
             base,
             shift: granularity.trailing_zeros(),
             pages: Vec::new(),
+            heads: Vec::new(),
             users: Vec::new(),
             bits: Vec::new(),
             inner: Vec::new(),
@@ -81,7 +90,8 @@ impl Cells {
         self.base + (u64::from(cell) << self.shift)
     }
 
-    /// The page mapped in `cell`, if any.
+    /// The handle mapped over `cell`, if any (an extent's, at each of its
+    /// cells).
     pub(crate) fn page(&self, cell: u32) -> Option<PageHandle> {
         self.pages.get(cell as usize).copied().flatten()
     }
@@ -90,6 +100,7 @@ impl Cells {
     fn grow(&mut self, n: usize) {
         if n > self.pages.len() {
             self.pages.resize(n, None);
+            self.heads.resize(n, 0);
             self.users.resize(n, 0);
             self.bits.resize(n.div_ceil(64), 0);
             self.inner.resize(n.div_ceil(64), 0);
@@ -287,61 +298,92 @@ impl Cells {
         }
     }
 
-    /// Records that `page` is now mapped at `cell`.
-    pub(crate) fn install(&mut self, cell: u32, page: PageHandle) {
-        self.grow(cell as usize + 1);
+    /// Records that `page`, `n` cells long, is now mapped from cell `first`.
+    pub(crate) fn install(&mut self, first: u32, n: u32, page: PageHandle) {
+        debug_assert!(n > 0);
+        let end = first + n;
+        self.grow(end as usize);
+        debug_assert_eq!(
+            self.unmapped_in(first..end),
+            u64::from(n),
+            "cell mapped twice"
+        );
         let joins =
-            u64::from(cell > 0 && self.is_mapped(cell - 1)) + u64::from(self.is_mapped(cell + 1));
-        let i = cell as usize;
-        debug_assert!(self.pages[i].is_none(), "cell mapped twice");
-        self.pages[i] = Some(page);
-        self.bits[i / 64] |= 1 << (i % 64);
-        self.mapped += 1;
+            u64::from(first > 0 && self.is_mapped(first - 1)) + u64::from(self.is_mapped(end));
+        self.pages[first as usize..end as usize].fill(Some(page));
+        self.heads[first as usize] = n;
+        for (w, mask) in word_masks(first as usize..end as usize) {
+            self.bits[w] |= mask;
+        }
+        self.mapped += u64::from(n);
         self.runs = self.runs + 1 - joins;
-        self.cached += u64::from(!self.is_used(cell));
+        self.cached += (first..end).filter(|c| !self.is_used(*c)).count() as u64;
     }
 
-    /// Records that the page at an unused `cell` was unmapped; returns it.
-    pub(crate) fn uninstall(&mut self, cell: u32) -> Option<PageHandle> {
-        let i = cell as usize;
-        if i >= self.users.len() || self.is_used(cell) {
+    /// The cells of the extent mapped over `cell`, if one is.
+    pub(crate) fn extent(&self, cell: u32) -> Option<Range<u32>> {
+        if !self.is_mapped(cell) {
             return None;
         }
-        let page = self.pages[i].take()?;
-        self.bits[i / 64] &= !(1 << (i % 64));
+        let head = (0..=cell).rev().find(|c| self.heads[*c as usize] > 0)?;
+        Some(head..head + self.heads[head as usize])
+    }
+
+    /// Records that the extent starting at `head`, whose cells have no
+    /// users, was unmapped; returns its handle and length in cells.
+    pub(crate) fn uninstall(&mut self, head: u32) -> Option<(PageHandle, u32)> {
+        let n = *self.heads.get(head as usize)?;
+        let end = head + n;
+        if n == 0 || (head..end).any(|c| self.is_used(c)) {
+            return None;
+        }
+        let page = self.pages[head as usize]?;
+        self.pages[head as usize..end as usize].fill(None);
+        self.heads[head as usize] = 0;
+        for (w, mask) in word_masks(head as usize..end as usize) {
+            self.bits[w] &= !mask;
+        }
         let joins =
-            u64::from(cell > 0 && self.is_mapped(cell - 1)) + u64::from(self.is_mapped(cell + 1));
-        self.mapped -= 1;
-        self.cached -= 1;
+            u64::from(head > 0 && self.is_mapped(head - 1)) + u64::from(self.is_mapped(end));
+        self.mapped -= u64::from(n);
+        self.cached -= u64::from(n);
         self.runs = self.runs + joins - 1;
-        Some(page)
+        Some((page, n))
     }
 
     fn is_cached(&self, cell: u32) -> bool {
         self.is_mapped(cell) && !self.is_used(cell)
     }
 
-    /// The next mapped cell without users after the hand, outside `keep`.
+    /// Whether an extent starts at `head` and no live block touches it.
+    fn is_cached_extent(&self, head: u32) -> bool {
+        let n = self.heads[head as usize];
+        n > 0 && (head..head + n).all(|c| self.is_cached(c))
+    }
+
+    /// The first cell of the next extent without users after the hand,
+    /// outside `keep`.
     pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
         // A full heap (the out-of-memory path) answers without a scan.
         if self.cached == 0 {
             return None;
         }
         let n = self.pages.len() as u32;
+        let outside = |h: u32| h + self.heads[h as usize] <= keep.start || keep.end <= h;
         let found = (0..n)
             .map(|i| (self.hand + i) % n)
-            .find(|s| self.is_cached(*s) && !keep.contains(s))?;
+            .find(|h| self.is_cached_extent(*h) && outside(*h))?;
         self.hand = (found + 1) % n;
         Some(found)
     }
 
-    /// Every mapped cell without users, by address.
-    pub(crate) fn cached_cells(&self) -> Vec<u32> {
+    /// The first cell of every extent without users, by address.
+    pub(crate) fn cached_extents(&self) -> Vec<u32> {
         if self.cached == 0 {
             return Vec::new();
         }
         (0..self.pages.len() as u32)
-            .filter(|s| self.is_cached(*s))
+            .filter(|h| self.is_cached_extent(*h))
             .collect()
     }
 
@@ -382,6 +424,7 @@ impl Cells {
 
     /// Recounts everything from the cells and compares with the counters.
     pub(crate) fn check(&self, users_of: impl Fn(u32) -> u32) -> Result<(), String> {
+        self.check_extents()?;
         let mut mapped = 0;
         let (mut in_use, mut cached) = (0, 0);
         for (i, (ends, page)) in self.users.iter().zip(&self.pages).enumerate() {
@@ -415,6 +458,38 @@ impl Cells {
     }
 }
 
+impl Cells {
+    /// Each mapped cell lies in exactly one extent, whose cells all hold its
+    /// handle; only an extent's first cell records a length.
+    fn check_extents(&self) -> Result<(), String> {
+        let (mut left, mut handle) = (0u32, None);
+        for (i, (page, n)) in self.pages.iter().zip(&self.heads).enumerate() {
+            if *n > 0 {
+                if left > 0 || page.is_none() {
+                    return Err(format!(
+                        "cell {i} starts an extent of {n} where none can start"
+                    ));
+                }
+                (left, handle) = (*n, *page);
+            }
+            if left == 0 {
+                if page.is_some() {
+                    return Err(format!("mapped cell {i} lies in no extent"));
+                }
+                continue;
+            }
+            if *page != handle {
+                return Err(format!("cell {i} holds another handle than its extent's"));
+            }
+            left -= 1;
+        }
+        match left {
+            0 => Ok(()),
+            _ => Err(format!("an extent runs {left} cells past the known ones")),
+        }
+    }
+}
+
 /// The bitmap words a run of bits spans: each word's index and the mask of
 /// the run's bits in it.
 #[inline(always)]
@@ -444,14 +519,14 @@ mod tests {
         assert_eq!(span, 0..2);
         assert_eq!(s.unmapped_in(span.clone()), 2);
         s.acquire(span.clone());
-        s.install(0, PageHandle(1));
-        s.install(1, PageHandle(2));
+        s.install(0, 1, PageHandle(1));
+        s.install(1, 1, PageHandle(2));
         assert_eq!((s.mapped(), s.in_use(), s.cached(), s.runs()), (2, 2, 0, 1));
         assert_eq!(s.coldest(&(0..0)), None, "all in use");
         s.release(span.clone());
         assert_eq!((s.cached(), s.in_use()), (2, 0));
         assert_eq!(s.coldest(&(0..1)), Some(1), "cell 0 is kept");
-        assert_eq!(s.uninstall(1), Some(PageHandle(2)));
+        assert_eq!(s.uninstall(1), Some((PageHandle(2), 1)));
         assert_eq!((s.mapped(), s.cached(), s.runs()), (1, 1, 1));
         assert_eq!(s.mapped_runs(), vec![(1 << 40, G)]);
         s.check(|_| 0).unwrap();
@@ -463,7 +538,7 @@ mod tests {
         let base = 1 << 40;
         let mut s = Cells::new(base, G);
         for cell in 0..70 {
-            s.install(cell, PageHandle(u64::from(cell) + 1));
+            s.install(cell, 1, PageHandle(u64::from(cell) + 1));
         }
         // A block from the middle of cell 1 to the middle of cell 68, and a
         // small one sharing cell 68 with it.
@@ -475,12 +550,12 @@ mod tests {
         assert_eq!((s.in_use(), s.cached()), (68, 2));
         let users = |cell: u32| u32::from(big.contains(&cell)) + u32::from(small.contains(&cell));
         s.check(users).unwrap();
-        assert_eq!(s.cached_cells(), vec![0, 69]);
+        assert_eq!(s.cached_extents(), vec![0, 69]);
         assert_eq!(s.uninstall(30), None, "cell 30 is inside the block");
         s.release_mapped(big.clone());
         assert_eq!((s.in_use(), s.cached()), (1, 69));
         s.check(|cell| u32::from(small.contains(&cell))).unwrap();
-        assert_eq!(s.uninstall(30), Some(PageHandle(31)));
+        assert_eq!(s.uninstall(30), Some((PageHandle(31), 1)));
     }
 
     /// `mapped_window` is `best_window` when that finds a window on mapped
@@ -492,7 +567,7 @@ mod tests {
         for cell in 0..300u32 {
             let x = rng.draw();
             if !x.is_multiple_of(5) {
-                s.install(cell, PageHandle(u64::from(cell) + 1));
+                s.install(cell, 1, PageHandle(u64::from(cell) + 1));
             }
         }
         for _ in 0..2000 {
@@ -516,7 +591,7 @@ mod tests {
     fn all_mapped_agrees_with_the_bitmap_with_and_without_holes() {
         let mut s = Cells::new(0, G);
         for cell in 0..40u32 {
-            s.install(cell, PageHandle(u64::from(cell) + 1));
+            s.install(cell, 1, PageHandle(u64::from(cell) + 1));
         }
         let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
         for round in 0..2 {
@@ -539,12 +614,38 @@ mod tests {
     fn runs_split_and_join() {
         let mut s = Cells::new(0, G);
         for (i, p) in [0u32, 2, 1].iter().zip(1..) {
-            s.install(*i, PageHandle(p));
+            s.install(*i, 1, PageHandle(p));
         }
         assert_eq!(s.runs(), 1);
         s.uninstall(1);
         assert_eq!(s.runs(), 2);
-        assert_eq!(s.cached_cells(), vec![0, 2]);
+        assert_eq!(s.cached_extents(), vec![0, 2]);
         s.check(|_| 0).unwrap();
+    }
+
+    #[test]
+    fn an_extent_goes_whole_once_no_block_touches_it() {
+        let mut s = Cells::new(0, G);
+        s.install(2, 4, PageHandle(7));
+        s.install(6, 1, PageHandle(8));
+        assert_eq!((s.mapped(), s.runs(), s.cached()), (5, 1, 5));
+        assert_eq!(s.extent(4), Some(2..6));
+        assert_eq!(s.extent(6), Some(6..7));
+        assert_eq!(s.extent(1), None);
+        let block = s.span(5 * G, G);
+        s.acquire_mapped(block.clone());
+        assert_eq!(s.cached_extents(), vec![6], "cell 5 holds the extent");
+        assert_eq!(s.uninstall(2), None);
+        assert_eq!(s.uninstall(3), None, "not an extent's first cell");
+        assert_eq!(s.coldest(&(0..0)), Some(6));
+        assert_eq!(s.coldest(&(6..7)), None, "the other extent is in use");
+        s.check(|c| u32::from(block.contains(&c))).unwrap();
+        s.release_mapped(block);
+        assert_eq!(s.coldest(&(6..7)), Some(2));
+        assert_eq!(s.uninstall(2), Some((PageHandle(7), 4)));
+        assert_eq!((s.mapped(), s.runs(), s.cached()), (1, 1, 1));
+        s.check(|_| 0).unwrap();
+        s.heads[6] = 2;
+        assert!(s.check(|_| 0).is_err(), "an extent past the known cells");
     }
 }

@@ -18,7 +18,19 @@
 //!   the device's memory, and `cells` tracks its 2 MiB cells: which hold a
 //!   physical page, how many live blocks touch each, and the mapped cells no
 //!   block touches (cached pages), found by a clock sweep when one is needed.
-//! * `pages` is the device side all streams share: page and segment creation
+//! * Physical memory comes in handles of one or more pages (`cells`'
+//!   extents): the cells a new block holds alone (all but an end cell it may
+//!   share with a neighbour) get one handle per aligned group of
+//!   `cachalot_extent_mb` (default 32 MiB: 16 pages) while the stream may
+//!   grow by that much; other cells, and every cell of a churning stream, a
+//!   page each. The driver's cost is per handle (on an H100, creating,
+//!   mapping and opening one costs about 50 us whatever its size), so the
+//!   first pass of a training trace makes 15% to 34% of the driver calls of
+//!   one handle per page, at the same peak (tests/cachalot_traces.rs). A
+//!   handle maps, unmaps and goes back only whole, once no live block
+//!   touches it: re-mapping takes a cached handle of one page, or gives back
+//!   a larger one and makes a page.
+//! * `pages` is the device side all streams share: handle and segment creation
 //!   counted against the memory fraction (one atomic, slow paths only).
 //! * Without virtual memory a pool's regions are device segments (2 MiB for the
 //!   small pool, the request rounded up to 2 MiB for the large one), placed by
@@ -116,7 +128,7 @@
 //!
 //! `cachalot_reuse_slack` (default 0.035), `cachalot_churn_slack` (default 0.15;
 //! 0 keeps the tight budget for churning streams too), `cachalot_reuse_min_mb`
-//! (default 32) and
+//! (default 32), `cachalot_extent_mb` (default 32; 2 maps page by page) and
 //! `cachalot_release_threshold_mb` (default unlimited: cached pages stay mapped
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
@@ -197,6 +209,12 @@ impl CachalotAllocator {
             min_pages: match caps.granularity {
                 0 => 0,
                 g => config.cachalot_reuse_min.div_ceil(g),
+            },
+            extent_pages: match caps.granularity {
+                0 => 1,
+                g => u32::try_from(config.cachalot_extent / g)
+                    .unwrap_or(u32::MAX)
+                    .max(1),
             },
             threshold: config.cachalot_release_threshold,
             range_size,

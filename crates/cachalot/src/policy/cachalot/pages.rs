@@ -18,8 +18,9 @@ pub(crate) struct Pages {
     limit: AtomicU64,
     /// Bytes held now in pages and segments.
     held: AtomicU64,
-    /// Unmapped pages whose release failed; retried by [`Pages::retry_orphans`].
-    orphans: Mutex<Vec<PageHandle>>,
+    /// Unmapped handles (with their bytes) whose release failed; retried by
+    /// [`Pages::retry_orphans`].
+    orphans: Mutex<Vec<(PageHandle, u64)>>,
     /// Whether a route to a private pool is open (as during a CUDA graph
     /// capture, when no stream or event may be waited for or queried).
     quiet: AtomicBool,
@@ -107,36 +108,38 @@ impl Pages {
         self.held.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    /// Creates one page.
-    pub(crate) fn create_page(&self) -> BackendResult<PageHandle> {
-        self.charge(CallKind::CreatePage, self.granularity)?;
+    /// Creates one handle of `n` pages.
+    pub(crate) fn create_pages(&self, n: u32) -> BackendResult<PageHandle> {
+        let bytes = u64::from(n) * self.granularity;
+        self.charge(CallKind::CreatePage, bytes)?;
         self.backend
-            .create_page(self.granularity)
-            .inspect_err(|_| self.refund(self.granularity))
+            .create_page(bytes)
+            .inspect_err(|_| self.refund(bytes))
     }
 
-    /// Releases one unmapped page; a page the backend refuses is kept as an
-    /// orphan and retried later.
-    pub(crate) fn release_page(&self, page: PageHandle) -> BackendResult<()> {
+    /// Releases an unmapped handle of `n` pages; a handle the backend refuses
+    /// is kept as an orphan and retried later.
+    pub(crate) fn release_pages(&self, page: PageHandle, n: u32) -> BackendResult<()> {
+        let bytes = u64::from(n) * self.granularity;
         if let Err(e) = self.backend.release_page(page) {
-            self.lock_orphans().push(page);
+            self.lock_orphans().push((page, bytes));
             return Err(e);
         }
-        self.refund(self.granularity);
+        self.refund(bytes);
         Ok(())
     }
 
-    fn lock_orphans(&self) -> std::sync::MutexGuard<'_, Vec<PageHandle>> {
+    fn lock_orphans(&self) -> std::sync::MutexGuard<'_, Vec<(PageHandle, u64)>> {
         self.orphans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tries again to release the orphaned pages.
+    /// Tries again to release the orphaned handles.
     pub(crate) fn retry_orphans(&self) -> BackendResult<()> {
         let mut orphans = self.lock_orphans();
         let mut result = Ok(());
-        orphans.retain(|page| match self.backend.release_page(*page) {
+        orphans.retain(|(page, bytes)| match self.backend.release_page(*page) {
             Ok(()) => {
-                self.refund(self.granularity);
+                self.refund(*bytes);
                 false
             }
             Err(e) => {
@@ -150,7 +153,7 @@ impl Pages {
     /// Bytes held from the device, less those in orphaned pages (read together).
     pub(crate) fn held_in_use(&self) -> u64 {
         let orphans = self.lock_orphans();
-        self.held() - orphans.len() as u64 * self.granularity
+        self.held() - orphans.iter().map(|(_, bytes)| bytes).sum::<u64>()
     }
 
     /// Allocates a segment.
@@ -180,18 +183,21 @@ mod tests {
         let sim = Arc::new(Counting::new(Arc::new(SimBackend::new(1 << 30))));
         let pages = Pages::new(sim.clone());
         pages.set_limit(Some(4 << 20));
-        let a = pages.create_page().unwrap();
-        let b = pages.create_page().unwrap();
-        assert!(pages.create_page().unwrap_err().is_out_of_memory());
+        let a = pages.create_pages(1).unwrap();
+        let b = pages.create_pages(1).unwrap();
+        assert!(pages.create_pages(1).unwrap_err().is_out_of_memory());
         assert_eq!(
             sim.counts().count(CallKind::CreatePage),
             2,
             "the limit answers without a call"
         );
-        pages.release_page(a).unwrap();
+        pages.release_pages(a, 1).unwrap();
         assert_eq!(pages.held(), 2 << 20);
-        pages.release_page(b).unwrap();
+        pages.release_pages(b, 1).unwrap();
         pages.set_limit(None);
+        let c = pages.create_pages(3).unwrap();
+        assert_eq!(pages.held(), 6 << 20, "one handle of three pages");
+        pages.release_pages(c, 3).unwrap();
         let s = pages.allocate_segment(8 << 20).unwrap();
         pages.free_segment(s, 8 << 20).unwrap();
         assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));

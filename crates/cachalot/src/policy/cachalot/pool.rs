@@ -328,12 +328,14 @@ impl Pool {
         Ok(())
     }
 
-    /// Maps `page` at `cell`; the caller keeps the page on failure.
-    pub(crate) fn map_cell(
+    /// Maps `page`, `n` pages long, from `cell` on; the caller keeps the
+    /// handle on failure.
+    pub(crate) fn map_extent(
         &mut self,
         pages: &Pages,
         ledger: &mut Ledger,
         cell: u32,
+        n: u32,
         page: PageHandle,
     ) -> BackendResult<()> {
         let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
@@ -343,42 +345,48 @@ impl Pool {
         let addr = cells.addr(cell);
         pages.backend().map(addr, page)?;
         let runs = cells.runs();
-        cells.install(cell, page);
+        cells.install(cell, n, page);
         ledger.mapped(
             self.small,
             addr,
-            cells.granularity(),
+            u64::from(n) * cells.granularity(),
             cells.runs() as i64 - runs as i64,
         );
         Ok(())
     }
 
-    /// Unmaps the page of an unused `cell` and returns it.
-    pub(crate) fn unmap_cell(
+    /// Unmaps the extent starting at `head`, which no live block touches;
+    /// returns its handle and length in pages.
+    pub(crate) fn unmap_extent(
         &mut self,
         pages: &Pages,
         ledger: &mut Ledger,
-        cell: u32,
-    ) -> BackendResult<PageHandle> {
+        head: u32,
+    ) -> BackendResult<(PageHandle, u32)> {
         let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
             call: CallKind::Unmap,
             backend: "segments",
         })?;
-        let (addr, g) = (cells.addr(cell), cells.granularity());
-        pages.backend().unmap(addr, g)?;
+        let addr = cells.addr(head);
+        let not_idle = || BackendError::InvalidArgument {
+            call: CallKind::Unmap,
+            reason: format!("no unused extent starts at {addr:#x}"),
+        };
+        let n = cells
+            .extent(head)
+            .filter(|e| e.start == head)
+            .ok_or_else(not_idle)?
+            .len();
+        let bytes = n as u64 * cells.granularity();
+        pages.backend().unmap(addr, bytes)?;
         let runs = cells.runs();
-        let page = cells
-            .uninstall(cell)
-            .ok_or_else(|| BackendError::InvalidArgument {
-                call: CallKind::Unmap,
-                reason: format!("cell at {addr:#x} was not an unused mapped page"),
-            })?;
-        ledger.unmapped(self.small, addr, g, cells.runs() as i64 - runs as i64);
-        Ok(page)
+        let extent = cells.uninstall(head).ok_or_else(not_idle)?;
+        ledger.unmapped(self.small, addr, bytes, cells.runs() as i64 - runs as i64);
+        Ok(extent)
     }
 
-    /// Unmaps and releases the unused mapped pages of `span` (after a failed
-    /// allocation, so it leaves no partial mapping behind).
+    /// Unmaps and releases the unused extents that meet `span` (after a
+    /// failed allocation, so it leaves no partial mapping behind).
     pub(crate) fn release_idle_in(
         &mut self,
         pages: &Pages,
@@ -389,13 +397,17 @@ impl Pool {
             return Ok(());
         };
         let idle: Vec<u32> = cells
-            .cached_cells()
+            .cached_extents()
             .into_iter()
-            .filter(|s| span.contains(s))
+            .filter(|h| {
+                cells
+                    .extent(*h)
+                    .is_some_and(|e| e.start < span.end && span.start < e.end)
+            })
             .collect();
-        for cell in idle {
-            let page = self.unmap_cell(pages, ledger, cell)?;
-            pages.release_page(page)?;
+        for head in idle {
+            let (page, n) = self.unmap_extent(pages, ledger, head)?;
+            pages.release_pages(page, n)?;
         }
         Ok(())
     }
@@ -432,14 +444,14 @@ impl Pool {
         let cold = self
             .cells
             .as_ref()
-            .map(Cells::cached_cells)
+            .map(Cells::cached_extents)
             .unwrap_or_default();
-        for cell in cold {
+        for head in cold {
             if self.cached_bytes() <= keep {
                 break;
             }
-            let page = self.unmap_cell(pages, ledger, cell)?;
-            pages.release_page(page)?;
+            let (page, n) = self.unmap_extent(pages, ledger, head)?;
+            pages.release_pages(page, n)?;
         }
         Ok(())
     }
@@ -455,16 +467,31 @@ impl Pool {
         }
     }
 
-    /// What lies under the live block at `addr`: the pages of its cells, or
-    /// its device segment.
+    /// What lies under the live block at `addr`: the extents its cells lie
+    /// in, or its device segment.
     pub(crate) fn backing(&self, addr: u64, size: u64) -> Backing {
         match &self.cells {
             Some(cells) => {
                 let span = cells.span(addr, size);
+                let mut extents = Vec::new();
+                let mut cell = span.start;
+                while let Some(e) = cells.extent(cell).filter(|_| cell < span.end) {
+                    let page = cells.page(e.start).expect("an extent's cells are mapped");
+                    extents.push((
+                        e.start,
+                        page,
+                        u64::from(e.end - e.start) * cells.granularity(),
+                    ));
+                    cell = e.end;
+                }
                 Backing::Pages {
-                    base: cells.addr(span.start),
-                    page_size: cells.granularity(),
-                    pages: span.filter_map(|c| cells.page(c)).collect(),
+                    base: extents
+                        .first()
+                        .map_or(addr, |(head, _, _)| cells.addr(*head)),
+                    pages: extents
+                        .into_iter()
+                        .map(|(_, p, bytes)| (p, bytes))
+                        .collect(),
                 }
             }
             None => Backing::Segment {
@@ -543,8 +570,8 @@ mod tests {
         let (id, _) = pool.heap.fits(G).next().unwrap();
         // Two blocks of 4 MiB, one 8 MiB: free the second 4 MiB only after mapping it.
         let a = pool.heap.carve(id, base, 4 * G, 1);
-        cells.install(0, PageHandle(1));
-        cells.install(1, PageHandle(2));
+        cells.install(0, 1, PageHandle(1));
+        cells.install(1, 1, PageHandle(2));
         pool.heap.take_live(base);
         pool.heap.release(a);
         pool.cells = Some(cells);

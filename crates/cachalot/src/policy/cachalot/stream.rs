@@ -95,6 +95,8 @@ pub(crate) struct StreamConfig {
     pub(crate) churn_slack: f64,
     /// `cachalot_reuse_min`, in pages.
     pub(crate) min_pages: u64,
+    /// `cachalot_extent`, in pages (at least one).
+    pub(crate) extent_pages: u32,
     /// `cachalot_release_threshold`.
     pub(crate) threshold: Option<u64>,
     /// Bytes of address space reserved per pool (virtual memory only).
@@ -287,7 +289,7 @@ impl StreamState {
         }
         self.note_in_use();
         if place.unmapped > 0 {
-            if let Err(e) = self.map_span(pages, p, span.clone()) {
+            if let Err(e) = self.map_span(pages, p, place.at, size) {
                 self.pools[p]
                     .cells
                     .as_mut()
@@ -414,30 +416,80 @@ impl StreamState {
             .sum()
     }
 
-    /// Maps a page under every unmapped cell of `span` (whose users are taken).
-    fn map_span(
-        &mut self,
-        pages: &Pages,
-        p: usize,
-        span: std::ops::Range<u32>,
-    ) -> BackendResult<()> {
-        for cell in span.clone() {
-            let cells = self.pools[p]
-                .cells
-                .as_ref()
-                .expect("mapped pools have cells");
+    /// Maps physical memory under every unmapped cell of the block at `at`
+    /// of `size` bytes (whose users are taken). The cells the block holds
+    /// alone get one new handle per aligned group of `cachalot_extent` cells
+    /// while the stream may grow by that much (see the module docs); other
+    /// cells get a page each, a cached one re-mapped once the stream holds
+    /// its budget.
+    fn map_span(&mut self, pages: &Pages, p: usize, at: u64, size: u64) -> BackendResult<()> {
+        let cells = self.pools[p]
+            .cells
+            .as_ref()
+            .expect("mapped pools have cells");
+        let (span, g) = (cells.span(at, size), cells.granularity());
+        // An end cell the block may share with a neighbour (its end is not
+        // page-aligned) would keep the block's handle mapped after it goes.
+        let own = span.start + u32::from(!at.is_multiple_of(g))
+            ..span.end - u32::from(!(at + size).is_multiple_of(g));
+        let group_len = self.config.extent_pages;
+        let mut cell = span.start;
+        while cell < span.end {
+            let cells = self.pools[p].cells.as_ref().expect("checked above");
             if cells.is_mapped(cell) {
+                cell += 1;
+                continue;
+            }
+            // A churning stream's layout keeps changing: page by page.
+            let end = own.end.min((cell / group_len + 1) * group_len);
+            let run = match own.contains(&cell) && !self.churning {
+                true => (cell..end).find(|c| cells.is_mapped(*c)).unwrap_or(end) - cell,
+                false => 1,
+            };
+            if let Some(handle) = self.new_extent(pages, run)? {
+                self.map_new(pages, p, cell, run, handle)?;
+                cell += run;
                 continue;
             }
             let page = self.obtain_page(pages, p, &span)?;
-            if let Err(e) = self.pools[p].map_cell(pages, &mut self.ledger, cell, page) {
-                // The page is ours and unmapped; a failed release leaves nothing
-                // better to do than report the map's error.
-                let _ = pages.release_page(page);
-                return Err(e);
-            }
+            self.map_new(pages, p, cell, 1, page)?;
+            cell += 1;
         }
         Ok(())
+    }
+
+    /// Maps `handle`, ours and `n` pages long, from `cell` on; releases it
+    /// if that fails.
+    fn map_new(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        cell: u32,
+        n: u32,
+        handle: PageHandle,
+    ) -> BackendResult<()> {
+        let mapped = self.pools[p].map_extent(pages, &mut self.ledger, cell, n, handle);
+        if mapped.is_err() {
+            // A failed release leaves nothing better to do than report the
+            // map's error.
+            let _ = pages.release_pages(handle, n);
+        }
+        mapped
+    }
+
+    /// One new handle of `n` (more than one) pages, when the stream may grow
+    /// by that many without re-mapping cached pages and the device has them;
+    /// `None` otherwise (the pages are then obtained one by one).
+    fn new_extent(&mut self, pages: &Pages, n: u32) -> BackendResult<Option<PageHandle>> {
+        let may_steal = !self.private && !pages.quiet();
+        if n < 2 || (may_steal && self.mapped() + u64::from(n) > self.budget()) {
+            return Ok(None);
+        }
+        match pages.create_pages(n) {
+            Ok(handle) => Ok(Some(handle)),
+            Err(e) if e.is_out_of_memory() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// A page to map: a cached one re-mapped when this stream already holds its
@@ -463,7 +515,7 @@ impl StreamState {
                 return Ok(page);
             }
         }
-        match pages.create_page() {
+        match pages.create_pages(1) {
             Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
             other => other,
         }
@@ -504,7 +556,9 @@ impl StreamState {
         scaled.max(self.peak_in_use + self.config.min_pages)
     }
 
-    /// Unmaps the coldest cached page of this stream outside `keep`.
+    /// Unmaps the coldest cached extent of this stream outside `keep`, for a
+    /// page: the extent's handle if it is one page long, else (a handle maps
+    /// only whole) a new page once the extent went back to the device.
     fn steal(
         &mut self,
         pages: &Pages,
@@ -512,12 +566,15 @@ impl StreamState {
         keep: &std::ops::Range<u32>,
     ) -> BackendResult<Option<PageHandle>> {
         for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
-            let cell = self.pools[q].cells.as_mut().and_then(|s| s.coldest(&keep));
-            if let Some(cell) = cell {
+            let head = self.pools[q].cells.as_mut().and_then(|s| s.coldest(&keep));
+            if let Some(head) = head {
                 self.quiesce(pages)?;
-                return self.pools[q]
-                    .unmap_cell(pages, &mut self.ledger, cell)
-                    .map(Some);
+                let (handle, n) = self.pools[q].unmap_extent(pages, &mut self.ledger, head)?;
+                if n == 1 {
+                    return Ok(Some(handle));
+                }
+                pages.release_pages(handle, n)?;
+                return pages.create_pages(1).map(Some);
             }
         }
         Ok(None)

@@ -21,8 +21,7 @@ impl State {
         })?;
         Ok(Backing::Pages {
             base: seg.base + first * ex.page,
-            page_size: ex.page,
-            pages,
+            pages: pages.into_iter().map(|p| (p, ex.page)).collect(),
         })
     }
 }
