@@ -440,7 +440,9 @@ impl StreamState {
                 cell += 1;
                 continue;
             }
-            // A churning stream's layout keeps changing: page by page.
+            // Unmapped cells the block holds alone, up to the end of their
+            // aligned group; one cell for a shared end cell, or in a churning
+            // stream (whose layout keeps changing).
             let end = own.end.min((cell / group_len + 1) * group_len);
             let run = match own.contains(&cell) && !self.churning {
                 true => (cell..end).find(|c| cells.is_mapped(*c)).unwrap_or(end) - cell,
