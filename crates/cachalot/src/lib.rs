@@ -76,9 +76,12 @@
 //!   its own, whose pages are never re-mapped (a graph replays at the
 //!   addresses it captured).
 //! * **journal**: with several streams on a device, a stream's changes to its
-//!   statistics since the last **merge**, stamped by the machine's clock; a
-//!   merge replays every journal in time order into the device's statistics,
-//!   so its peaks are those of the device, not the sum of the streams'.
+//!   statistics since the last **merge**, stamped by the machine's clock, in
+//!   **chunks** that note the highest value of each statistic in them; a
+//!   merge takes every journal at one moment (a **cut**) and raises the
+//!   device's peaks, replaying changes one by one in time order only where
+//!   the chunks' highest values add up to more than the peaks, so the peaks
+//!   are those of the device, not the sum of the streams'.
 //!
 //! ## Layers (dependencies point downward only)
 //!

@@ -244,13 +244,6 @@ macro_rules! memory_stats {
                 $(self.$counter += other.$counter;)*
             }
 
-            /// Takes every statistic (current, peak and totals) from
-            /// `exact`, keeping these counters.
-            pub(crate) fn take_statistics(&mut self, exact: &MemoryStats) {
-                $(self.$array = exact.$array;)*
-                $(self.$single = exact.$single;)*
-            }
-
             /// Every family of per-pool statistics with its key name, in
             /// declaration order.
             pub(crate) fn arrays(&self) -> Vec<(&'static str, &StatArray)> {

@@ -523,6 +523,60 @@ fn gauges(s: &cachalot::MemoryStats) -> Vec<(String, i64, i64)> {
         .collect()
 }
 
+/// Threads on streams of their own pass one block's worth of memory around
+/// a ring: each waits for its turn, allocates, frees and hands over, while
+/// the others churn small blocks below the peak. The device never holds two
+/// of the large blocks at once, so its peak is one large block plus what the
+/// churning threads can hold, however many changes the journals hold when
+/// read, and every read in between agrees.
+#[test]
+fn threads_handing_memory_over_peak_as_one_device() {
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 400;
+    let dev = TestDevice::new(SimBackend::with_options(8 << 30, true));
+    let alloc = Arc::new(allocator(&dev, ""));
+    let turn = Arc::new((Mutex::new(0u64), std::sync::Condvar::new()));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (alloc, turn) = (alloc.clone(), turn.clone());
+            std::thread::spawn(move || {
+                let stream = StreamId(t + 1);
+                for round in 0..ROUNDS {
+                    let mine = round * THREADS + t;
+                    let (lock, cv) = &*turn;
+                    let mut at = lock.lock().unwrap();
+                    while *at != mine {
+                        // Small churn while waiting: at most one 512-byte
+                        // block per thread at a time.
+                        drop(at);
+                        let p = alloc.malloc(512, stream).unwrap();
+                        alloc.free(p).unwrap();
+                        at = lock.lock().unwrap();
+                        if *at != mine {
+                            at = cv
+                                .wait_timeout(at, std::time::Duration::from_micros(50))
+                                .unwrap()
+                                .0;
+                        }
+                    }
+                    let big = alloc.malloc(64 * MIB, stream).unwrap();
+                    alloc.free(big).unwrap();
+                    *at += 1;
+                    cv.notify_all();
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    let peak = alloc.stats().allocated_bytes.all.peak;
+    let most = (64 * MIB + THREADS * 512) as i64;
+    assert!(
+        (64 * MIB as i64..=most).contains(&peak),
+        "peak {peak}: more than one large block at once, or less than one"
+    );
+    alloc.validate().unwrap();
+}
+
 /// With several streams the device's peaks are those of the device's
 /// figures over time (the highest current value seen after any operation),
 /// not the sum of each stream's peak: 100 MiB on one stream, freed, then

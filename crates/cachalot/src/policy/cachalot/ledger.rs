@@ -14,7 +14,8 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
-use super::journal::{Change, Figures, Journal};
+use super::journal::{Change, Figures, Journal, Run};
+use super::merge::{DeviceJournal, Merged};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -63,11 +64,6 @@ impl Ledger {
         self.figures.stats()
     }
 
-    /// This stream's figures.
-    pub(crate) fn figures(&self) -> &Figures {
-        &self.figures
-    }
-
     /// Sets every peak to its current value.
     pub(crate) fn reset_peak(&mut self) {
         self.figures.reset_peak();
@@ -78,14 +74,32 @@ impl Ledger {
         self.figures.reset_accumulated();
     }
 
-    /// Writes every change from now on to `journal` too.
-    pub(crate) fn keep_journal(&mut self, journal: Journal) {
-        self.journal = Some(journal);
+    /// Journals every change from now on, for `device`'s merges.
+    pub(crate) fn keep_journal(&mut self, device: &DeviceJournal) {
+        self.journal = Some(device.journal(&mut self.figures));
+    }
+
+    /// Starts `device`'s merges from this stream's figures (the device's
+    /// only stream until now), and journals every change from now on.
+    pub(crate) fn start_merging(&mut self, device: &DeviceJournal, merged: &mut Option<Merged>) {
+        self.journal = Some(device.start(merged, &mut self.figures));
     }
 
     /// The journal, once the device has several streams.
-    pub(crate) fn journal(&mut self) -> Option<&mut Journal> {
-        self.journal.as_mut()
+    pub(crate) fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
+    }
+
+    /// The changes journaled since the last call, as a run (the journal goes
+    /// on in `spare`); `None` (and `spare` dropped) without a journal.
+    pub(crate) fn take_run(&mut self, spare: Run) -> Option<Run> {
+        let journal = self.journal.as_mut()?;
+        Some(journal.take(&mut self.figures, spare))
+    }
+
+    /// Every statistic's current value.
+    pub(crate) fn levels(&self) -> super::levels::Levels {
+        self.figures.levels()
     }
 
     /// Applies `change` to the stream's figures and journals it.
@@ -93,7 +107,7 @@ impl Ledger {
     fn change(&mut self, change: Change) {
         self.figures.apply(change);
         if let Some(journal) = &mut self.journal {
-            journal.note(change);
+            journal.note(change, &mut self.figures);
         }
     }
 

@@ -100,15 +100,17 @@
 //!
 //! One mutex per stream guards its pools, statistics and pending frees; threads
 //! on different streams never share a lock on the hot path. Shared state is the
-//! stream table (written once per new stream), the page counter in `pages`
-//! and, with several streams, the journal's stamp counter (one atomic
-//! increment per change of the statistics). Each stream's lock and state sit
+//! stream table (written once per new stream) and the page counter in
+//! `pages`; with several streams, each change of the statistics also reads
+//! the machine's clock (the time-stamp counter: no memory shared), and a
+//! merge now and then locks every stream at once for a moment. Each stream's lock and state sit
 //! on cache lines of their own, apart from the stream ids and ranges other
 //! threads read (no false sharing). A free
 //! from another thread locks the owning stream. Out of memory
 //! drops the stream's lock, flushes every stream's cache one lock at a time, and
-//! retries once before reporting [`Error::OutOfMemory`]. `validate` holds off new
-//! streams and locks them all (in table order; nothing else holds two).
+//! retries once before reporting [`Error::OutOfMemory`]. `validate` and the merges
+//! (under the merge state's lock, which holds off new streams) lock them all in
+//! table order; nothing else holds two.
 //!
 //! # Statistics and events
 //!
@@ -118,9 +120,12 @@
 //! inactive splits are counted only without virtual memory, as PyTorch does for
 //! expandable segments. [`DeviceAllocator::stats`] is the device's figures at
 //! one moment, peaks included, with any number of streams and threads: from
-//! the second stream on, each stream also journals its changes, stamped by one
-//! device-wide counter, and reading the statistics replays the journals in
-//! stamp order (`journal`); the streams' counters add up. Events: `alloc`,
+//! the second stream on, each stream also journals its changes, stamped by the
+//! machine's clock, in chunks that note their highest values (`journal`); a
+//! merge takes every journal at one moment and raises the device's peaks,
+//! replaying changes one by one in time order only where the chunks' highest
+//! values add up to more than the peaks (`merge`). The streams' currents,
+//! totals and counters add up. Events: `alloc`,
 //! `free_requested`, `free_completed`, `segment_map`/`segment_unmap` (one per
 //! page) or `segment_alloc`/`segment_free`, and `oom`.
 //!
@@ -139,7 +144,9 @@ mod heap;
 mod index;
 mod journal;
 mod ledger;
+mod levels;
 mod live;
+mod merge;
 mod pages;
 mod pool;
 mod private;
@@ -163,8 +170,10 @@ use crate::stats::MemoryStats;
 
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
 use directory::{Directory, StreamEntry, MAX_STREAMS};
-use journal::{DeviceJournal, Fill, Merged};
+use journal::Fill;
 use ledger::Ledger;
+use levels::Levels;
+use merge::{DeviceJournal, Merged};
 use pages::Pages;
 use pool::ROUNDING;
 use stream::{StreamConfig, StreamState};
@@ -253,9 +262,7 @@ impl CachalotAllocator {
         }
         if merged.is_none() {
             if let Some(only) = self.streams.iter().next() {
-                let mut st = only.lock();
-                let journal = self.journal.start(&mut merged, st.ledger.figures());
-                st.ledger.keep_journal(journal);
+                only.lock().ledger.start_merging(&self.journal, &mut merged);
             }
         }
         let several = merged.is_some();
@@ -272,7 +279,7 @@ impl CachalotAllocator {
                     .clone(),
             );
             if several {
-                ledger.keep_journal(self.journal.journal());
+                ledger.keep_journal(&self.journal);
             }
             StreamState::new(stream, ledger, self.stream_config, ranges, pool != 0)
         };
@@ -347,32 +354,42 @@ impl CachalotAllocator {
             drop(self.merge());
         } else if !self.journal.busy() {
             if let Some(mut merged) = self.journal.try_lock() {
-                self.merge_locked(&mut merged);
+                self.cut(&mut merged, |_| {});
             }
         }
     }
 
-    /// Applies every journaled change stamped before now to the device's
-    /// figures; `None` while the device has had one stream. The merge state
-    /// stays locked while the guard lives.
+    /// Merges every change journaled so far into the device's peaks; `None`
+    /// while the device has had one stream. The merge state stays locked
+    /// while the guard lives.
     fn merge(&self) -> MutexGuard<'_, Option<Merged>> {
         let mut merged = self.journal.lock();
-        self.merge_locked(&mut merged);
+        self.cut(&mut merged, |_| {});
         merged
     }
 
-    fn merge_locked(&self, merged: &mut Option<Merged>) {
-        if let Some(m) = merged.as_mut() {
-            self.journal.set_busy(true);
-            let horizon = self.journal.now();
-            for entry in self.streams.iter() {
-                if let Some(journal) = entry.lock().ledger.journal() {
-                    m.drain(journal);
-                }
+    /// Locks every stream at once (in table order: no change is under way, and
+    /// the streams' values add up to the device's), runs `visit` on each, takes
+    /// their journals' runs and lets them go, then merges the runs into the
+    /// device's peaks (`merge`). Called with the merge state locked, which
+    /// holds off new streams.
+    fn cut(&self, merged: &mut Option<Merged>, mut visit: impl FnMut(&mut StreamState)) {
+        let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
+        let Some(m) = merged.as_mut() else {
+            locked.iter_mut().for_each(|st| visit(st));
+            return;
+        };
+        self.journal.set_busy(true);
+        for st in &mut locked {
+            visit(st);
+            let spare = m.spare();
+            if let Some(run) = st.ledger.take_run(spare) {
+                m.add(run);
             }
-            m.settle(horizon);
-            self.journal.set_busy(false);
         }
+        drop(locked);
+        m.settle();
+        self.journal.set_busy(false);
     }
 
     /// Returns the cached memory of every stream's default pools and of every
@@ -500,33 +517,34 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn stats(&self) -> MemoryStats {
-        let mut merged = self.merge();
+        let mut merged = self.journal.lock();
         let mut all = MemoryStats::new(self.config.max_split_size);
-        for entry in self.streams.iter() {
-            all.add(&entry.lock().ledger.stats());
-        }
-        // The streams' counters add up; their peaks do not (module docs).
-        if let Some(m) = merged.as_mut() {
-            all.take_statistics(&m.figures().stats());
+        self.cut(&mut merged, |st| all.add(&st.ledger.stats()));
+        // The streams' currents and counters add up; their peaks do not
+        // (`journal`).
+        if let Some(m) = merged.as_ref() {
+            m.peaks().write_peaks(&mut all);
         }
         all
     }
 
     fn reset_peak_stats(&self) {
-        let mut merged = self.merge();
-        if let Some(m) = merged.as_mut() {
-            m.figures().reset_peak();
-        }
-        for entry in self.streams.iter() {
-            entry.lock().ledger.reset_peak();
+        let mut merged = self.journal.lock();
+        let mut now = Levels::default();
+        self.cut(&mut merged, |st| now = now.plus(&st.ledger.levels()));
+        match merged.as_mut() {
+            Some(m) => m.reset_peak(now),
+            // One stream: its peaks are the device's (with several, each
+            // stream's are its journal's open chunk's).
+            None => self
+                .streams
+                .iter()
+                .for_each(|e| e.lock().ledger.reset_peak()),
         }
     }
 
     fn reset_accumulated_stats(&self) {
-        let mut merged = self.merge();
-        if let Some(m) = merged.as_mut() {
-            m.figures().reset_accumulated();
-        }
+        let _merged = self.journal.lock();
         for entry in self.streams.iter() {
             entry.lock().ledger.reset_accumulated();
         }
@@ -614,7 +632,7 @@ impl DeviceAllocator for CachalotAllocator {
             .map(|e| (e.stream, e.pool, e.lock()))
             .collect();
         let mut reserved = 0;
-        let mut sum = MemoryStats::new(self.config.max_split_size);
+        let mut now = Levels::default();
         for (stream, pool, st) in &mut locked {
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
@@ -623,15 +641,19 @@ impl DeviceAllocator for CachalotAllocator {
                 "{stream}: a lane of forgotten private pool slot {pool} holds memory"
             );
             reserved += st.reserved();
-            sum.add(&st.ledger.stats());
-            if let (Some(m), Some(journal)) = (merged.as_mut(), st.ledger.journal()) {
-                m.drain(journal);
+            now = now.plus(&st.ledger.levels());
+            if let Some(m) = merged.as_mut() {
+                let run = st.ledger.take_run(m.spare());
+                if let Some(run) = run {
+                    run.validate()
+                        .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
+                    m.add(run);
+                }
             }
         }
         if let Some(m) = merged.as_mut() {
-            // No change is under way with every stream locked.
-            m.settle_all();
-            journal::validate(m, &sum)?;
+            m.settle();
+            m.validate(&now)?;
         }
         let held = self.pages.held_in_use();
         crate::ensure_invariant!(

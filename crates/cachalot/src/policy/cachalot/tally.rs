@@ -223,6 +223,18 @@ impl Tally {
         }
     }
 
+    /// `family`'s current values: small pool, large pool, `all`.
+    pub(crate) fn current(&self, family: Family) -> [i64; 3] {
+        let c = self.gauge(family).current;
+        [c[0], c[1], c[0] + c[1]]
+    }
+
+    /// `family`'s peaks: small pool, large pool, `all`.
+    pub(crate) fn peaks(&self, family: Family) -> [i64; 3] {
+        let p = self.gauge(family).peaks;
+        [p.pool[0], p.pool[1], p.all]
+    }
+
     /// `family` as PyTorch's statistics.
     pub(crate) fn array(&self, family: Family) -> StatArray {
         let (g, b) = (self.gauge(family), &self.baselines[family as usize]);

@@ -1,0 +1,575 @@
+//! The device's peaks with several streams, exact, computed from the streams'
+//! journals without a device lock on the hot path.
+//!
+//! A merge locks every stream at once (a **cut**: no change is under way, and
+//! the streams' values add up to the device's), takes each journal's changes
+//! since the last cut as a [`Run`], and lets the streams go on. It then sweeps
+//! the runs' chunks in time order, keeping an upper bound of the device's
+//! values: the sum, over the streams, of the highest values of the chunk each
+//! is in (or of its values between chunks). While that bound is at most the
+//! device's peaks, no change in the stretch can have raised a peak, and the
+//! changes are not looked at. Where it rises above them, the sweep replays the
+//! changes of every stream one by one in time order from there (each stream's
+//! values brought there from the start of its chunk), raising the peaks
+//! exactly, until the bound falls back. Each chunk's highest values count
+//! from its start, so the bound holds at every point of the replay order.
+//!
+//! The stamp order with ties broken by the streams' order in the cut (and
+//! each stream's own changes in the order made) is the one order used
+//! throughout, so the peaks are those of one sequence in which the changes
+//! could have happened one by one, as under PyTorch's device lock.
+//!
+//! The streams' currents and totals add up at a cut and are read from them;
+//! the device keeps only its peaks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::error::InvariantViolation;
+
+use super::journal::{Figures, Journal, Run};
+use super::levels::Levels;
+
+/// The device's side: the clock the streams stamp with and the merge state.
+#[derive(Debug)]
+pub(crate) struct DeviceJournal {
+    clock: quanta::Clock,
+    merged: Mutex<Option<Merged>>,
+    /// Whether a merge is under way: read by every stream whose journal is
+    /// full, so that they do not all take turns at the lock's cache line.
+    merging: AtomicBool,
+}
+
+impl DeviceJournal {
+    /// Nothing journaled yet.
+    pub(crate) fn new() -> DeviceJournal {
+        DeviceJournal {
+            clock: quanta::Clock::new(),
+            merged: Mutex::new(None),
+            merging: AtomicBool::new(false),
+        }
+    }
+
+    /// The merge state: `None` while the device has had one stream.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Merged>> {
+        self.merged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The merge state, unless another thread holds it.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Option<Merged>>> {
+        match self.merged.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether a merge is under way.
+    pub(crate) fn busy(&self) -> bool {
+        self.merging.load(Ordering::Relaxed)
+    }
+
+    /// Marks a merge as under way or done.
+    pub(crate) fn set_busy(&self, busy: bool) {
+        self.merging.store(busy, Ordering::Relaxed);
+    }
+
+    /// A journal whose clock is `clock` (tests drive it by hand).
+    #[cfg(test)]
+    pub(crate) fn with_clock(clock: quanta::Clock) -> DeviceJournal {
+        DeviceJournal {
+            clock,
+            ..DeviceJournal::new()
+        }
+    }
+
+    /// Starts merging, from the figures of the device's only stream (which
+    /// are the device's), whose journal is returned. Called with the merge
+    /// state locked and the stream locked.
+    pub(crate) fn start(&self, merged: &mut Option<Merged>, only: &mut Figures) -> Journal {
+        *merged = Some(Merged {
+            peaks: only.tops(),
+            ..Merged::default()
+        });
+        self.journal(only)
+    }
+
+    /// A new, empty journal from `figures`' values.
+    pub(crate) fn journal(&self, figures: &mut Figures) -> Journal {
+        Journal::new(self.clock.clone(), figures)
+    }
+}
+
+/// The device's peaks as of the last cut, and buffers for the next.
+#[derive(Debug, Default)]
+pub(crate) struct Merged {
+    peaks: Levels,
+    /// Emptied runs, for journals to fill again.
+    spare: Vec<Run>,
+    /// The runs of the cut under way.
+    runs: Vec<Run>,
+    events: Vec<Event>,
+}
+
+/// A stream entering or leaving a chunk.
+#[derive(Copy, Clone, Debug)]
+struct Event {
+    stamp: u64,
+    run: u32,
+    chunk: u32,
+    enter: bool,
+}
+
+impl Merged {
+    /// An empty run for a journal to go on in.
+    pub(crate) fn spare(&mut self) -> Run {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    /// Keeps a stream's run for [`Merged::settle`].
+    pub(crate) fn add(&mut self, run: Run) {
+        self.runs.push(run);
+    }
+
+    /// Raises the peaks by the runs added since the last settle (one per
+    /// stream, all taken at one cut), then empties them. Returns how many
+    /// changes were replayed one by one.
+    pub(crate) fn settle(&mut self) -> usize {
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        for (r, run) in self.runs.iter().enumerate() {
+            for (c, chunk) in run.chunks.iter().enumerate() {
+                for (stamp, enter) in [(chunk.first, true), (chunk.last, false)] {
+                    events.push(Event {
+                        stamp,
+                        run: r as u32,
+                        chunk: c as u32,
+                        enter,
+                    });
+                }
+            }
+        }
+        // Stable: ties stay in run order, each run's events in the order made.
+        events.sort_by_key(|e| e.stamp);
+        let mut sweep = Sweep::new(&self.runs, self.peaks);
+        for e in &events {
+            sweep.step(&self.runs, e);
+        }
+        self.peaks = sweep.peaks;
+        self.events = events;
+        self.spare.extend(self.runs.drain(..).map(Run::emptied));
+        sweep.replayed
+    }
+
+    /// The device's peaks as of the last settle.
+    pub(crate) fn peaks(&self) -> &Levels {
+        &self.peaks
+    }
+
+    /// Sets the peaks to the device's values `now` (after a settle).
+    pub(crate) fn reset_peak(&mut self, now: Levels) {
+        self.peaks = now;
+    }
+
+    /// After a settle, with the streams still at that cut: no peak is below
+    /// the device's values `now` (the streams' sum).
+    pub(crate) fn validate(&self, now: &Levels) -> Result<(), InvariantViolation> {
+        crate::ensure_invariant!(
+            self.runs.is_empty(),
+            "{} journal runs were never settled",
+            self.runs.len()
+        );
+        if let Some((family, pool)) = self.peaks.first_below(now) {
+            return Err(InvariantViolation(format!(
+                "device peak (family {family}, pool {pool}) is below the streams' current sum"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a stream's exact values are: after its changes before `next`.
+#[derive(Copy, Clone, Debug)]
+struct Cursor {
+    level: Levels,
+    next: usize,
+}
+
+/// Where a change is in the one order used: stamp, run, index in the run.
+type Key = (u64, usize, usize);
+
+/// The sweep over one cut's runs (module docs).
+struct Sweep {
+    peaks: Levels,
+    /// The sum of `upper`.
+    bound: Levels,
+    /// Per run: the highest values of the chunk it is in, else its values.
+    upper: Vec<Levels>,
+    /// Per run: exact values, at the sweep while replaying, else at the start
+    /// of the chunk it is in (or at the sweep, between chunks).
+    cursors: Vec<Cursor>,
+    /// While replaying: the device's exact values (the cursors' sum).
+    exact: Option<Levels>,
+    /// Changes replayed one by one.
+    replayed: usize,
+}
+
+impl Sweep {
+    fn new(runs: &[Run], peaks: Levels) -> Sweep {
+        let upper: Vec<Levels> = runs.iter().map(|r| r.start).collect();
+        Sweep {
+            peaks,
+            bound: upper.iter().fold(Levels::default(), |s, l| s.plus(l)),
+            cursors: upper
+                .iter()
+                .map(|&level| Cursor { level, next: 0 })
+                .collect(),
+            upper,
+            exact: None,
+            replayed: 0,
+        }
+    }
+
+    fn step(&mut self, runs: &[Run], e: &Event) {
+        let (r, c) = (e.run as usize, e.chunk as usize);
+        let chunk = &runs[r].chunks[c];
+        if e.enter {
+            let first = c.checked_sub(1).map_or(0, |p| runs[r].chunks[p].end);
+            let key = (e.stamp, r, first);
+            if self.exact.is_some() {
+                self.replay_before(runs, key);
+            }
+            self.bound = self.bound.minus(&self.upper[r]).plus(&chunk.top);
+            self.upper[r] = chunk.top;
+            if self.exact.is_none() && self.bound.exceeds(&self.peaks) {
+                self.start_replay(runs, key);
+            }
+        } else {
+            if self.exact.is_some() {
+                self.replay_before(runs, (e.stamp, r, chunk.end));
+            }
+            self.bound = self.bound.minus(&self.upper[r]).plus(&chunk.level);
+            self.upper[r] = chunk.level;
+            if self.exact.is_none() {
+                self.cursors[r] = Cursor {
+                    level: chunk.level,
+                    next: chunk.end,
+                };
+            } else if !self.bound.exceeds(&self.peaks) {
+                self.exact = None;
+            }
+        }
+    }
+
+    /// Brings every cursor to `key` (no peak can be there: the bound held)
+    /// and starts replaying.
+    #[cold]
+    fn start_replay(&mut self, runs: &[Run], key: Key) {
+        let mut sum = Levels::default();
+        for (q, (run, cursor)) in runs.iter().zip(&mut self.cursors).enumerate() {
+            while let Some(&(t, change)) = run.entries.get(cursor.next) {
+                if (t, q, cursor.next) >= key {
+                    break;
+                }
+                cursor.level.shift(change);
+                cursor.next += 1;
+            }
+            sum = sum.plus(&cursor.level);
+        }
+        self.exact = Some(sum);
+    }
+
+    /// Replays every change before `key` in order, raising the peaks.
+    fn replay_before(&mut self, runs: &[Run], key: Key) {
+        let Some(exact) = self.exact.as_mut() else {
+            return;
+        };
+        loop {
+            let next = runs
+                .iter()
+                .zip(&self.cursors)
+                .enumerate()
+                .filter_map(|(q, (run, c))| run.entries.get(c.next).map(|&(t, _)| (t, q, c.next)))
+                .min();
+            let Some(at) = next.filter(|&at| at < key) else {
+                return;
+            };
+            let (q, i) = (at.1, at.2);
+            let change = runs[q].entries[i].1;
+            let cursor = &mut self.cursors[q];
+            cursor.level.shift(change);
+            cursor.next += 1;
+            exact.shift(change);
+            self.peaks.raise(exact);
+            self.replayed += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::cachalot::journal::{Change, Figures};
+    use crate::stats::MemoryStats;
+    use crate::test_rng::XorShift;
+    use std::sync::Arc;
+
+    fn alloc(size: u64) -> Change {
+        Change::Allocated {
+            small: false,
+            size,
+            requested: size,
+        }
+    }
+
+    fn free(size: u64) -> Change {
+        Change::Freed {
+            small: false,
+            size,
+            requested: size,
+        }
+    }
+
+    /// A stream: its figures and journal, stamping with a clock that a
+    /// nanosecond passes on before each change.
+    struct Stream {
+        figures: Figures,
+        journal: Journal,
+        clock: Arc<quanta::Mock>,
+    }
+
+    impl Stream {
+        fn note(&mut self, change: Change) {
+            self.clock.increment(1);
+            self.figures.apply(change);
+            self.journal.note(change, &mut self.figures);
+        }
+    }
+
+    fn streams(n: usize) -> (Option<Merged>, Vec<Stream>) {
+        let (clock, mock) = quanta::Clock::mock();
+        let device = DeviceJournal::with_clock(clock);
+        let mut merged = None;
+        let mut first = Figures::new(MemoryStats::new(None));
+        let journal = device.start(&mut merged, &mut first);
+        let mut out = vec![Stream {
+            figures: first,
+            journal,
+            clock: mock.clone(),
+        }];
+        for _ in 1..n {
+            let mut figures = Figures::new(MemoryStats::new(None));
+            let journal = device.journal(&mut figures);
+            let clock = mock.clone();
+            out.push(Stream {
+                figures,
+                journal,
+                clock,
+            });
+        }
+        (merged, out)
+    }
+
+    /// Takes every stream's run and settles them; returns the changes replayed.
+    fn cut(merged: &mut Merged, streams: &mut [Stream]) -> usize {
+        for s in streams.iter_mut() {
+            let spare = merged.spare();
+            let run = s.journal.take(&mut s.figures, spare);
+            run.validate().expect("a consistent run");
+            merged.add(run);
+        }
+        let replayed = merged.settle();
+        let now = streams
+            .iter()
+            .fold(Levels::default(), |sum, s| sum.plus(&s.figures.levels()));
+        merged.validate(&now).expect("peaks at least the values");
+        replayed
+    }
+
+    #[test]
+    fn a_peak_on_one_stream_then_another_is_not_added_up() {
+        let (mut merged, mut s) = streams(2);
+        let m = merged.as_mut().expect("started");
+        s[0].note(alloc(100));
+        s[0].note(free(100));
+        s[1].note(alloc(100));
+        cut(m, &mut s);
+        let mut stats = MemoryStats::new(None);
+        m.peaks().write_peaks(&mut stats);
+        assert_eq!(stats.allocated_bytes.all.peak, 100);
+        s[0].note(alloc(50));
+        cut(m, &mut s);
+        m.peaks().write_peaks(&mut stats);
+        assert_eq!(stats.allocated_bytes.all.peak, 150);
+        assert_eq!(stats.allocated_bytes.large_pool.peak, 150);
+    }
+
+    /// The device's peaks from seeded interleavings of several streams'
+    /// changes (random walks, which keep reaching new peaks), cut at random
+    /// points, against replaying every change one by one in the order they
+    /// were made.
+    #[test]
+    fn peaks_match_the_changes_replayed_one_by_one() {
+        let mut rng = XorShift(0x5851_f42d);
+        for round in 0..40 {
+            let n = 2 + round % 5;
+            let (mut merged, mut s) = streams(n);
+            let m = merged.as_mut().expect("started");
+            let (mut model, mut peaks) = (Levels::default(), Levels::default());
+            let mut live = vec![Blocks::default(); n];
+            let mut q = 0;
+            for step in 0..4_000 {
+                let x = rng.draw();
+                // Streams take turns in bursts, as threads on cores do.
+                if x.is_multiple_of(8) {
+                    q = (x >> 3) as usize % n;
+                }
+                let Some(change) = random_change(x, &mut live[q]) else {
+                    continue;
+                };
+                s[q].note(change);
+                model.shift(change);
+                peaks.raise(&model);
+                if (x >> 40).is_multiple_of(400) {
+                    cut(m, &mut s);
+                    assert_eq!(*m.peaks(), peaks, "round {round}, step {step}");
+                }
+            }
+            cut(m, &mut s);
+            assert_eq!(*m.peaks(), peaks, "round {round}, the end");
+        }
+    }
+
+    /// Streams repeating one training step each, out of phase: after the
+    /// first steps, the peaks are exact and nearly no change is replayed.
+    #[test]
+    fn repeated_steps_are_merged_without_replaying_them() {
+        let mut rng = XorShift(0x2f6b_1a3d);
+        let mut blocks = Blocks::default();
+        let mut step: Vec<Change> = std::iter::from_fn(|| Some(rng.draw()))
+            .filter_map(|x| random_change(x, &mut blocks))
+            .take(3_000)
+            .collect();
+        // The step ends where it began: everything freed and unmapped.
+        for (small, size, pending) in blocks.live {
+            let requested = size - 7;
+            step.push(match pending {
+                true => Change::FreeCompleted {
+                    small,
+                    size,
+                    requested,
+                },
+                false => Change::Freed {
+                    small,
+                    size,
+                    requested,
+                },
+            });
+        }
+        for (p, &pages) in blocks.pages.iter().enumerate() {
+            step.extend((0..pages).map(|_| Change::Reserved {
+                small: p == 1,
+                bytes: -(2 << 20),
+                segments: -1,
+            }));
+        }
+        let n = 6;
+        let (mut merged, mut s) = streams(n);
+        let m = merged.as_mut().expect("started");
+        let (mut model, mut peaks) = (Levels::default(), Levels::default());
+        let mut at = vec![0; n];
+        let (mut total, mut replayed) = (0, 0);
+        for i in 0..600_000 {
+            let x = rng.draw();
+            // Stream q starts once the others are q / n of a step in.
+            let q = (x % n as u64) as usize;
+            if at[q] == 0 && i < q * step.len() / n {
+                continue;
+            }
+            let change = step[at[q] % step.len()];
+            at[q] += 1;
+            s[q].note(change);
+            model.shift(change);
+            peaks.raise(&model);
+            if i % 20_000 == 19_999 {
+                let r = cut(m, &mut s);
+                assert_eq!(*m.peaks(), peaks, "at change {i}");
+                if i >= 100_000 {
+                    (total, replayed) = (total + 20_000, replayed + r);
+                }
+            }
+        }
+        assert!(
+            replayed * 3 < total,
+            "{replayed} of {total} changes replayed one by one"
+        );
+    }
+
+    /// A stream's live blocks (small, size, pending) and mapped pages.
+    #[derive(Clone, Default)]
+    struct Blocks {
+        live: Vec<(bool, u64, bool)>,
+        pages: [i64; 2],
+    }
+
+    /// A seeded change to a stream with `blocks`, kept up to date; `None`
+    /// where the draw has nothing to free or unmap.
+    fn random_change(x: u64, blocks: &mut Blocks) -> Option<Change> {
+        let small = (x >> 12).is_multiple_of(3);
+        let size = 512 * ((x >> 16) % 64 + 1);
+        let live = &mut blocks.live;
+        let pages = &mut blocks.pages[usize::from(small)];
+        let k = (x >> 32) as usize % live.len().max(1);
+        Some(match (x >> 24) % 10 {
+            0..=3 => {
+                live.push((small, size, false));
+                Change::Allocated {
+                    small,
+                    size,
+                    requested: size - 7,
+                }
+            }
+            4..=6 if !live.is_empty() => {
+                let (small, size, pending) = live.swap_remove(k);
+                let requested = size - 7;
+                if pending {
+                    Change::FreeCompleted {
+                        small,
+                        size,
+                        requested,
+                    }
+                } else {
+                    Change::Freed {
+                        small,
+                        size,
+                        requested,
+                    }
+                }
+            }
+            7 if live.get(k).is_some_and(|b| !b.2) => {
+                live[k].2 = true;
+                Change::FreeRequested {
+                    small: live[k].0,
+                    size: live[k].1,
+                }
+            }
+            8 => {
+                *pages += 1;
+                Change::Reserved {
+                    small,
+                    bytes: 2 << 20,
+                    segments: 1,
+                }
+            }
+            9 if *pages > 0 => {
+                *pages -= 1;
+                Change::Reserved {
+                    small,
+                    bytes: -(2 << 20),
+                    segments: -1,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
