@@ -12,7 +12,7 @@ use super::TuneError;
 pub const DEFAULT_VALUE: &str = "default";
 
 /// The keys a search may vary: the ones that change device memory.
-pub const SEARCH_KEYS: [&str; 11] = [
+pub const SEARCH_KEYS: [&str; 12] = [
     "policy",
     "expandable_segments",
     "max_split_size_mb",
@@ -23,6 +23,7 @@ pub const SEARCH_KEYS: [&str; 11] = [
     "cachalot_reuse_slack",
     "cachalot_churn_slack",
     "cachalot_reuse_min_mb",
+    "cachalot_extent_mb",
     "cachalot_release_threshold_mb",
 ];
 
@@ -118,6 +119,7 @@ impl Space {
                 Dimension::new("cachalot_reuse_slack", &["0", "0.01", "default", "0.1"]),
                 Dimension::new("cachalot_churn_slack", &["0", "default", "0.3"]),
                 Dimension::new("cachalot_reuse_min_mb", &["0", "default", "128"]),
+                Dimension::new("cachalot_extent_mb", &["2", "default", "128"]),
             ],
         };
         Space {
@@ -288,6 +290,7 @@ mod tests {
         assert!(has(
             "policy:cachalot,cachalot_reuse_slack:0,cachalot_churn_slack:0"
         ));
+        assert!(has("policy:cachalot,cachalot_extent_mb:2"));
         assert!(has(
             "per_process_memory_fraction:0.105,garbage_collection_threshold:0.5"
         ));
