@@ -110,6 +110,7 @@ impl Levels {
     }
 
     /// Current values after `change`.
+    #[inline(always)]
     pub(crate) fn shift(&mut self, change: Change) {
         match change {
             Change::Allocated {

@@ -20,10 +20,14 @@
 //! could have happened one by one, as under PyTorch's device lock.
 //!
 //! The streams' currents and totals add up at a cut and are read from them;
-//! the device keeps only its peaks.
+//! the device keeps only its peaks. The peaks of two cuts do not depend on
+//! each other, so a thread whose journal filled takes a cut under the merge
+//! state's lock and settles it after letting go of it: threads settle their
+//! cuts at once, and a reader of the statistics (or a reset of the peaks)
+//! waits until every cut taken is settled, then takes and settles its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::error::InvariantViolation;
 
@@ -35,7 +39,9 @@ use super::levels::Levels;
 pub(crate) struct DeviceJournal {
     clock: quanta::Clock,
     merged: Mutex<Option<Merged>>,
-    /// Whether a merge is under way: read by every stream whose journal is
+    /// Signalled when a cut is settled.
+    settled: Condvar,
+    /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
     merging: AtomicBool,
 }
@@ -46,8 +52,28 @@ impl DeviceJournal {
         DeviceJournal {
             clock: quanta::Clock::new(),
             merged: Mutex::new(None),
+            settled: Condvar::new(),
             merging: AtomicBool::new(false),
         }
+    }
+
+    /// Waits, the merge state locked, until every cut taken is settled.
+    pub(crate) fn wait_idle<'a>(
+        &self,
+        mut guard: MutexGuard<'a, Option<Merged>>,
+    ) -> MutexGuard<'a, Option<Merged>> {
+        while guard.as_ref().is_some_and(|m| !m.idle()) {
+            guard = self.settled.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        guard
+    }
+
+    /// Takes a cut settled apart from the merge state back into it.
+    pub(crate) fn finish(&self, cut: Cut) {
+        if let Some(m) = self.lock().as_mut() {
+            m.finish(cut);
+        }
+        self.settled.notify_all();
     }
 
     /// The merge state: `None` while the device has had one stream.
@@ -64,12 +90,12 @@ impl DeviceJournal {
         }
     }
 
-    /// Whether a merge is under way.
+    /// Whether a cut is being taken.
     pub(crate) fn busy(&self) -> bool {
         self.merging.load(Ordering::Relaxed)
     }
 
-    /// Marks a merge as under way or done.
+    /// Marks a cut as being taken or taken.
     pub(crate) fn set_busy(&self, busy: bool) {
         self.merging.store(busy, Ordering::Relaxed);
     }
@@ -100,15 +126,24 @@ impl DeviceJournal {
     }
 }
 
-/// The device's peaks as of the last cut, and buffers for the next.
+/// The device's peaks as of the last cut settled, and buffers for the next.
 #[derive(Debug, Default)]
 pub(crate) struct Merged {
     peaks: Levels,
     /// Emptied runs, for journals to fill again.
     spare: Vec<Run>,
-    /// The runs of the cut under way.
+    /// Cuts taken and not yet settled.
+    in_flight: usize,
+}
+
+/// One cut's runs (one per stream), settled apart from the merge state: the
+/// peaks of separate cuts do not depend on each other, so threads settle the
+/// cuts they took at once, and only readers wait for them all.
+#[derive(Debug)]
+pub(crate) struct Cut {
     runs: Vec<Run>,
-    events: Vec<Event>,
+    /// The device's peaks when the cut was taken, raised by its changes.
+    peaks: Levels,
 }
 
 /// A stream entering or leaving a chunk.
@@ -126,17 +161,66 @@ impl Merged {
         self.spare.pop().unwrap_or_default()
     }
 
-    /// Keeps a stream's run for [`Merged::settle`].
+    /// Starts a cut (the streams' runs are added to it, then it is settled
+    /// and finished).
+    pub(crate) fn begin(&mut self) -> Cut {
+        self.in_flight += 1;
+        Cut {
+            runs: Vec::new(),
+            peaks: self.peaks,
+        }
+    }
+
+    /// Takes a settled cut's peaks and keeps its buffers.
+    pub(crate) fn finish(&mut self, cut: Cut) {
+        self.peaks.raise(&cut.peaks);
+        self.in_flight -= 1;
+        self.spare.extend(cut.runs.into_iter().map(Run::emptied));
+    }
+
+    /// Whether every cut taken is settled.
+    pub(crate) fn idle(&self) -> bool {
+        self.in_flight == 0
+    }
+
+    /// The device's peaks as of the last cut settled.
+    pub(crate) fn peaks(&self) -> &Levels {
+        &self.peaks
+    }
+
+    /// Sets the peaks to the device's values `now` (with no cut in flight).
+    pub(crate) fn reset_peak(&mut self, now: Levels) {
+        self.peaks = now;
+    }
+
+    /// With every cut settled and the streams still at the last: no peak is
+    /// below the device's values `now` (the streams' sum).
+    pub(crate) fn validate(&self, now: &Levels) -> Result<(), InvariantViolation> {
+        crate::ensure_invariant!(
+            self.in_flight == 0,
+            "{} cuts were never settled",
+            self.in_flight
+        );
+        if let Some((family, pool)) = self.peaks.first_below(now) {
+            return Err(InvariantViolation(format!(
+                "device peak (family {family}, pool {pool}) is below the streams' current sum"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Cut {
+    /// Keeps a stream's run.
     pub(crate) fn add(&mut self, run: Run) {
         self.runs.push(run);
     }
 
-    /// Raises the peaks by the runs added since the last settle (one per
-    /// stream, all taken at one cut), then empties them. Returns how many
+    /// Raises the peaks by the runs' changes (module docs). Returns how many
     /// changes were replayed one by one.
     pub(crate) fn settle(&mut self) -> usize {
-        let mut events = std::mem::take(&mut self.events);
-        events.clear();
+        let mut events =
+            Vec::with_capacity(2 * self.runs.iter().map(|r| r.chunks.len()).sum::<usize>());
         for (r, run) in self.runs.iter().enumerate() {
             for (c, chunk) in run.chunks.iter().enumerate() {
                 for (stamp, enter) in [(chunk.first, true), (chunk.last, false)] {
@@ -156,35 +240,7 @@ impl Merged {
             sweep.step(&self.runs, e);
         }
         self.peaks = sweep.peaks;
-        self.events = events;
-        self.spare.extend(self.runs.drain(..).map(Run::emptied));
         sweep.replayed
-    }
-
-    /// The device's peaks as of the last settle.
-    pub(crate) fn peaks(&self) -> &Levels {
-        &self.peaks
-    }
-
-    /// Sets the peaks to the device's values `now` (after a settle).
-    pub(crate) fn reset_peak(&mut self, now: Levels) {
-        self.peaks = now;
-    }
-
-    /// After a settle, with the streams still at that cut: no peak is below
-    /// the device's values `now` (the streams' sum).
-    pub(crate) fn validate(&self, now: &Levels) -> Result<(), InvariantViolation> {
-        crate::ensure_invariant!(
-            self.runs.is_empty(),
-            "{} journal runs were never settled",
-            self.runs.len()
-        );
-        if let Some((family, pool)) = self.peaks.first_below(now) {
-            return Err(InvariantViolation(format!(
-                "device peak (family {family}, pool {pool}) is below the streams' current sum"
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -279,29 +335,44 @@ impl Sweep {
         self.exact = Some(sum);
     }
 
-    /// Replays every change before `key` in order, raising the peaks.
+    /// Replays every change before `key` in order, raising the peaks: the
+    /// run with the earliest next change gives changes until another run's
+    /// next one, or `key`, comes first.
     fn replay_before(&mut self, runs: &[Run], key: Key) {
         let Some(exact) = self.exact.as_mut() else {
             return;
         };
         loop {
-            let next = runs
-                .iter()
-                .zip(&self.cursors)
-                .enumerate()
-                .filter_map(|(q, (run, c))| run.entries.get(c.next).map(|&(t, _)| (t, q, c.next)))
-                .min();
-            let Some(at) = next.filter(|&at| at < key) else {
+            let (mut first, mut second) = (None, key);
+            for (q, (run, c)) in runs.iter().zip(&self.cursors).enumerate() {
+                let Some(&(t, _)) = run.entries.get(c.next) else {
+                    continue;
+                };
+                let at = (t, q, c.next);
+                match first {
+                    Some(f) if at >= f => second = second.min(at),
+                    _ => {
+                        if let Some(f) = first {
+                            second = second.min(f);
+                        }
+                        first = Some(at);
+                    }
+                }
+            }
+            let Some((_, q, _)) = first.filter(|&f| f < key) else {
                 return;
             };
-            let (q, i) = (at.1, at.2);
-            let change = runs[q].entries[i].1;
             let cursor = &mut self.cursors[q];
-            cursor.level.shift(change);
-            cursor.next += 1;
-            exact.shift(change);
-            self.peaks.raise(exact);
-            self.replayed += 1;
+            for &(t, change) in &runs[q].entries[cursor.next..] {
+                if (t, q, cursor.next) >= second {
+                    break;
+                }
+                cursor.level.shift(change);
+                cursor.next += 1;
+                exact.shift(change);
+                self.peaks.raise(exact);
+                self.replayed += 1;
+            }
         }
     }
 }
@@ -372,13 +443,15 @@ mod tests {
 
     /// Takes every stream's run and settles them; returns the changes replayed.
     fn cut(merged: &mut Merged, streams: &mut [Stream]) -> usize {
+        let mut cut = merged.begin();
         for s in streams.iter_mut() {
             let spare = merged.spare();
             let run = s.journal.take(&mut s.figures, spare);
             run.validate().expect("a consistent run");
-            merged.add(run);
+            cut.add(run);
         }
-        let replayed = merged.settle();
+        let replayed = cut.settle();
+        merged.finish(cut);
         let now = streams
             .iter()
             .fold(Levels::default(), |sum, s| sum.plus(&s.figures.levels()));

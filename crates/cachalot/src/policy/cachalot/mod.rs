@@ -173,7 +173,7 @@ use directory::{Directory, StreamEntry, MAX_STREAMS};
 use journal::Fill;
 use ledger::Ledger;
 use levels::Levels;
-use merge::{DeviceJournal, Merged};
+use merge::{Cut, DeviceJournal, Merged};
 use pages::Pages;
 use pool::ROUNDING;
 use stream::{StreamConfig, StreamState};
@@ -344,52 +344,67 @@ impl CachalotAllocator {
         out
     }
 
-    /// A merge, unless one is under way (which takes this stream's changes
-    /// too, or the next one will: a journal may pass its limit meanwhile);
-    /// an overfull journal waits for one.
+    /// A cut, unless one is being taken (which takes this stream's changes
+    /// too, or the next one will: a journal may pass its limit meanwhile),
+    /// settled after letting go of the merge state; an overfull journal
+    /// waits for the merge state.
     #[cold]
     #[inline(never)]
     fn merge_when_full(&self, fill: Fill) {
-        if fill == Fill::Overfull {
-            drop(self.merge());
-        } else if !self.journal.busy() {
-            if let Some(mut merged) = self.journal.try_lock() {
-                self.cut(&mut merged, |_| {});
-            }
+        let guard = match fill {
+            Fill::Overfull => Some(self.journal.lock()),
+            _ if self.journal.busy() => None,
+            _ => self.journal.try_lock(),
+        };
+        let Some(mut merged) = guard else { return };
+        let cut = self.cut(&mut merged, |_| {});
+        drop(merged);
+        if let Some(mut cut) = cut {
+            cut.settle();
+            self.journal.finish(cut);
         }
     }
 
-    /// Merges every change journaled so far into the device's peaks; `None`
-    /// while the device has had one stream. The merge state stays locked
-    /// while the guard lives.
-    fn merge(&self) -> MutexGuard<'_, Option<Merged>> {
-        let mut merged = self.journal.lock();
-        self.cut(&mut merged, |_| {});
+    /// The device's statistics merged up to now: every cut taken settled,
+    /// then one more, all under the merge state's lock (`None` while the
+    /// device has had one stream). `visit` sees each stream at that cut.
+    fn merge(&self, visit: impl FnMut(&mut StreamState)) -> MutexGuard<'_, Option<Merged>> {
+        let mut merged = self.journal.wait_idle(self.journal.lock());
+        if let Some(mut cut) = self.cut(&mut merged, visit) {
+            cut.settle();
+            if let Some(m) = merged.as_mut() {
+                m.finish(cut);
+            }
+        }
         merged
     }
 
     /// Locks every stream at once (in table order: no change is under way, and
     /// the streams' values add up to the device's), runs `visit` on each, takes
-    /// their journals' runs and lets them go, then merges the runs into the
-    /// device's peaks (`merge`). Called with the merge state locked, which
-    /// holds off new streams.
-    fn cut(&self, merged: &mut Option<Merged>, mut visit: impl FnMut(&mut StreamState)) {
+    /// their journals' runs into a cut and lets them go. Called with the merge
+    /// state locked, which holds off new streams; `None` while the device has
+    /// had one stream.
+    fn cut(
+        &self,
+        merged: &mut Option<Merged>,
+        mut visit: impl FnMut(&mut StreamState),
+    ) -> Option<Cut> {
         let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
         let Some(m) = merged.as_mut() else {
             locked.iter_mut().for_each(|st| visit(st));
-            return;
+            return None;
         };
         self.journal.set_busy(true);
+        let mut cut = m.begin();
         for st in &mut locked {
             visit(st);
-            let spare = m.spare();
-            if let Some(run) = st.ledger.take_run(spare) {
-                m.add(run);
+            if let Some(run) = st.ledger.take_run(m.spare()) {
+                cut.add(run);
             }
         }
         drop(locked);
-        m.settle();
         self.journal.set_busy(false);
+        Some(cut)
     }
 
     /// Returns the cached memory of every stream's default pools and of every
@@ -517,9 +532,8 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn stats(&self) -> MemoryStats {
-        let mut merged = self.journal.lock();
         let mut all = MemoryStats::new(self.config.max_split_size);
-        self.cut(&mut merged, |st| all.add(&st.ledger.stats()));
+        let merged = self.merge(|st| all.add(&st.ledger.stats()));
         // The streams' currents and counters add up; their peaks do not
         // (`journal`).
         if let Some(m) = merged.as_ref() {
@@ -529,9 +543,8 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn reset_peak_stats(&self) {
-        let mut merged = self.journal.lock();
         let mut now = Levels::default();
-        self.cut(&mut merged, |st| now = now.plus(&st.ledger.levels()));
+        let mut merged = self.merge(|st| now = now.plus(&st.ledger.levels()));
         match merged.as_mut() {
             Some(m) => m.reset_peak(now),
             // One stream: its peaks are the device's (with several, each
@@ -624,7 +637,7 @@ impl DeviceAllocator for CachalotAllocator {
         // The pool book before any stream's lock (the lock order).
         let pools: std::collections::HashSet<u32> =
             self.book().iter().map(|(_, r)| r.slot).collect();
-        let mut merged = self.journal.lock();
+        let mut merged = self.journal.wait_idle(self.journal.lock());
         let _frozen = self.streams.freeze();
         let mut locked: Vec<_> = self
             .streams
@@ -642,17 +655,24 @@ impl DeviceAllocator for CachalotAllocator {
             );
             reserved += st.reserved();
             now = now.plus(&st.ledger.levels());
-            if let Some(m) = merged.as_mut() {
-                let run = st.ledger.take_run(m.spare());
-                if let Some(run) = run {
-                    run.validate()
-                        .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
-                    m.add(run);
-                }
-            }
         }
         if let Some(m) = merged.as_mut() {
-            m.settle();
+            // Every run taken is settled, whatever is found (a cut left in
+            // flight would hold off every reader).
+            let (mut cut, mut found) = (m.begin(), Ok(()));
+            for (stream, _, st) in &mut locked {
+                if let Some(run) = st.ledger.take_run(m.spare()) {
+                    if found.is_ok() {
+                        found = run
+                            .validate()
+                            .map_err(|e| InvariantViolation(format!("{stream}: {e}")));
+                    }
+                    cut.add(run);
+                }
+            }
+            cut.settle();
+            m.finish(cut);
+            found?;
             m.validate(&now)?;
         }
         let held = self.pages.held_in_use();
