@@ -126,6 +126,9 @@ def scaling_table(native, cachalot):
     sim = cachalot.get("scaling_sim", {})
     rows = [(name, gpu[k]) for k, name in NAMES.items() if k in gpu]
     rows += [(name + ", simulated device", sim[k]) for k, name in NAMES.items() if k in sim]
+    apart = cachalot.get("scaling_sim_apart")
+    if apart:
+        rows.append(("cachalot policy, an allocator per thread (nothing shared), simulated device", apart))
     print("\n| allocator | 1 thread | 2 threads | 4 threads | 8 threads | 8 / 1 | driver calls while timed (8 threads) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, s in rows:

@@ -10,7 +10,8 @@
 //! the timed run (steady state, as for the passes): total operations per
 //! microsecond (the median of three runs) and the driver memory calls made
 //! while timed; then the same on the simulated device, the allocator alone
-//! without the driver.
+//! without the driver; then the cachalot policy with an allocator per thread
+//! on the simulated device (nothing shared: the machine's own scaling).
 //!
 //! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
@@ -230,6 +231,16 @@ fn end_stream(device: Option<&Arc<CudaBackend>>, stream: StreamId) -> Result<(),
     }
 }
 
+/// How the threads of the threaded pattern share allocators.
+#[derive(Clone, Copy, PartialEq)]
+enum Sharing {
+    /// One allocator, each thread on a stream of its own.
+    One,
+    /// An allocator (and simulated device) per thread: nothing shared, the
+    /// machine's own scaling, for comparison.
+    PerThread,
+}
+
 /// The threaded pattern with `threads` threads: total operations per
 /// microsecond, and the driver memory calls made while it was timed.
 fn scaling(
@@ -237,14 +248,22 @@ fn scaling(
     policy: PolicyKind,
     threads: usize,
     steps: u64,
+    sharing: Sharing,
 ) -> BoxResult<(f64, u64)> {
-    let inner: Arc<dyn Backend> = match device {
-        Device::Gpu(gpu) => gpu.clone(),
-        Device::Sim => Arc::new(SimBackend::h100()),
+    let make = || -> BoxResult<_> {
+        let inner: Arc<dyn Backend> = match device {
+            Device::Gpu(gpu) => gpu.clone(),
+            Device::Sim => Arc::new(SimBackend::h100()),
+        };
+        let counted = Arc::new(Counting::new(inner));
+        let backend: Arc<dyn Backend> = counted.clone();
+        Ok((allocator::create(backend, config(policy))?, counted))
     };
-    let counted = Arc::new(Counting::new(inner));
-    let backend: Arc<dyn Backend> = counted.clone();
-    let alloc = allocator::create(backend, config(policy))?;
+    let allocs = match sharing {
+        Sharing::One => vec![make()?],
+        Sharing::PerThread => (0..threads).map(|_| make()).collect::<BoxResult<_>>()?,
+    };
+    let calls_now = || -> u64 { allocs.iter().map(|(_, c)| c.counts().memory_calls()).sum() };
     let barrier = Arc::new(Barrier::new(threads + 1));
     let gpu = match device {
         Device::Gpu(gpu) => Some(gpu.clone()),
@@ -252,7 +271,8 @@ fn scaling(
     };
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (alloc, gpu, barrier) = (alloc.clone(), gpu.clone(), barrier.clone());
+            let alloc = allocs[t % allocs.len()].0.clone();
+            let (gpu, barrier) = (gpu.clone(), barrier.clone());
             std::thread::spawn(move || -> Result<(u64, Instant), String> {
                 let stream = thread_stream(gpu.as_ref(), t)?;
                 let mut live = vec![0u64; PATTERN_SLOTS as usize];
@@ -272,16 +292,18 @@ fn scaling(
         .collect();
     barrier.wait();
     let start = Instant::now();
-    let calls_before = counted.counts().memory_calls();
+    let calls_before = calls_now();
     let (mut total, mut last) = (0u64, start);
     for h in handles {
         let (done, end) = h.join().map_err(|_| "a bench thread panicked")??;
         total += done;
         last = last.max(end);
     }
-    let calls = counted.counts().memory_calls() - calls_before;
-    alloc.validate()?;
-    alloc.empty_cache()?;
+    let calls = calls_now() - calls_before;
+    for (alloc, _) in &allocs {
+        alloc.validate()?;
+        alloc.empty_cache()?;
+    }
     Ok((total as f64 / (last - start).as_secs_f64() / 1e6, calls))
 }
 
@@ -291,16 +313,18 @@ fn scaling_table(
     key: &str,
     policy: PolicyKind,
     args: &Args,
+    sharing: Sharing,
 ) -> BoxResult<Value> {
-    let place = match device {
-        Device::Gpu(_) => "",
-        Device::Sim => " (simulated device)",
+    let place = match (device, sharing) {
+        (Device::Gpu(_), _) => "",
+        (Device::Sim, Sharing::One) => " (simulated device)",
+        (Device::Sim, Sharing::PerThread) => " (simulated device, an allocator per thread)",
     };
     let mut by = BTreeMap::new();
     for &threads in &args.threads {
         let mut runs = Vec::new();
         for _ in 0..3 {
-            runs.push(scaling(device, policy, threads, args.steps)?);
+            runs.push(scaling(device, policy, threads, args.steps, sharing)?);
         }
         let shown: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -367,11 +391,24 @@ fn main() -> BoxResult<()> {
     let mut scalings = BTreeMap::new();
     let mut sim_scalings = BTreeMap::new();
     for (key, policy) in policies {
-        scalings.insert(key, scaling_table(Device::Gpu(&gpu), key, policy, &args)?);
-        sim_scalings.insert(key, scaling_table(Device::Sim, key, policy, &args)?);
+        let gpu = Device::Gpu(&gpu);
+        scalings.insert(key, scaling_table(gpu, key, policy, &args, Sharing::One)?);
+        let sim = scaling_table(Device::Sim, key, policy, &args, Sharing::One)?;
+        sim_scalings.insert(key, sim);
     }
+    // The machine's own scaling: nothing shared between the threads.
+    let apart = scaling_table(
+        Device::Sim,
+        "cachalot:cachalot",
+        PolicyKind::Cachalot,
+        &args,
+        Sharing::PerThread,
+    )?;
     let caps = gpu.capabilities();
-    let out = json!({ "gpu": caps.name, "replay": replays, "scaling": scalings, "scaling_sim": sim_scalings });
+    let out = json!({
+        "gpu": caps.name, "replay": replays, "scaling": scalings, "scaling_sim": sim_scalings,
+        "scaling_sim_apart": apart,
+    });
     std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
