@@ -31,7 +31,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::error::InvariantViolation;
 
-use super::journal::{Figures, Journal, Run};
+use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
 
 /// The device's side: the clock the streams stamp with and the merge state.
@@ -251,6 +251,21 @@ struct Cursor {
     next: usize,
 }
 
+impl Cursor {
+    /// Applies run `q`'s changes before `limit` (in the one order), handing
+    /// each to `each` too.
+    fn advance(&mut self, run: &Run, q: usize, limit: Key, mut each: impl FnMut(Change)) {
+        while let Some(&(t, change)) = run.entries.get(self.next) {
+            if (t, q, self.next) >= limit {
+                break;
+            }
+            self.level.shift(change);
+            self.next += 1;
+            each(change);
+        }
+    }
+}
+
 /// Where a change is in the one order used: stamp, run, index in the run.
 type Key = (u64, usize, usize);
 
@@ -295,8 +310,7 @@ impl Sweep {
             if self.exact.is_some() {
                 self.replay_before(runs, key);
             }
-            self.bound = self.bound.minus(&self.upper[r]).plus(&chunk.top);
-            self.upper[r] = chunk.top;
+            self.set_upper(r, chunk.top);
             if self.exact.is_none() && self.bound.exceeds(&self.peaks) {
                 self.start_replay(runs, key);
             }
@@ -304,8 +318,7 @@ impl Sweep {
             if self.exact.is_some() {
                 self.replay_before(runs, (e.stamp, r, chunk.end));
             }
-            self.bound = self.bound.minus(&self.upper[r]).plus(&chunk.level);
-            self.upper[r] = chunk.level;
+            self.set_upper(r, chunk.level);
             if self.exact.is_none() {
                 self.cursors[r] = Cursor {
                     level: chunk.level,
@@ -317,19 +330,19 @@ impl Sweep {
         }
     }
 
+    /// Run `r`'s bound becomes `upper`.
+    fn set_upper(&mut self, r: usize, upper: Levels) {
+        self.bound = self.bound.minus(&self.upper[r]).plus(&upper);
+        self.upper[r] = upper;
+    }
+
     /// Brings every cursor to `key` (no peak can be there: the bound held)
     /// and starts replaying.
     #[cold]
     fn start_replay(&mut self, runs: &[Run], key: Key) {
         let mut sum = Levels::default();
         for (q, (run, cursor)) in runs.iter().zip(&mut self.cursors).enumerate() {
-            while let Some(&(t, change)) = run.entries.get(cursor.next) {
-                if (t, q, cursor.next) >= key {
-                    break;
-                }
-                cursor.level.shift(change);
-                cursor.next += 1;
-            }
+            cursor.advance(run, q, key, |_| {});
             sum = sum.plus(&cursor.level);
         }
         self.exact = Some(sum);
@@ -362,17 +375,12 @@ impl Sweep {
             let Some((_, q, _)) = first.filter(|&f| f < key) else {
                 return;
             };
-            let cursor = &mut self.cursors[q];
-            for &(t, change) in &runs[q].entries[cursor.next..] {
-                if (t, q, cursor.next) >= second {
-                    break;
-                }
-                cursor.level.shift(change);
-                cursor.next += 1;
+            let (peaks, replayed) = (&mut self.peaks, &mut self.replayed);
+            self.cursors[q].advance(&runs[q], q, second, |change| {
                 exact.shift(change);
-                self.peaks.raise(exact);
-                self.replayed += 1;
-            }
+                peaks.raise(exact);
+                *replayed += 1;
+            });
         }
     }
 }
@@ -380,7 +388,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::cachalot::journal::{Change, Figures};
+    use crate::policy::cachalot::journal::Figures;
     use crate::stats::MemoryStats;
     use crate::test_rng::XorShift;
     use std::sync::Arc;
