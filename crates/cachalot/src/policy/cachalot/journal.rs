@@ -158,18 +158,24 @@ impl Figures {
 
     /// Every statistic's current value.
     pub(crate) fn levels(&self) -> Levels {
-        let mut l = Levels::current(&self.rest);
-        for f in Family::ALL {
-            l.set(f, self.tally.current(f));
-        }
-        l
+        self.read(Levels::current, Tally::current)
     }
 
     /// Every statistic's peak.
     pub(crate) fn tops(&self) -> Levels {
-        let mut l = Levels::peaks(&self.rest);
+        self.read(Levels::peaks, Tally::peaks)
+    }
+
+    /// One value of every statistic: `rest`'s families read by `of_rest`,
+    /// the tally's by `of_tally`.
+    fn read(
+        &self,
+        of_rest: fn(&MemoryStats) -> Levels,
+        of_tally: fn(&Tally, Family) -> [i64; 3],
+    ) -> Levels {
+        let mut l = of_rest(&self.rest);
         for f in Family::ALL {
-            l.set(f, self.tally.peaks(f));
+            l.set(f, of_tally(&self.tally, f));
         }
         l
     }

@@ -65,20 +65,30 @@ impl HashOrder {
     /// Robin Hood placement; false (and the table unchanged) when a probe
     /// would pass the lookup limit, which makes the table grow.
     fn place(&mut self, key: u64) -> bool {
-        let before = self.slots.clone();
+        self.robin_hood(key, false) && self.robin_hood(key, true)
+    }
+
+    /// Walks `key`'s Robin Hood placement, writing it when `write`: whether
+    /// it ends in an empty slot within the lookup limit. The walk only moves
+    /// forward and writes only slots behind it, so a walk that writes reads
+    /// what one that does not read.
+    fn robin_hood(&mut self, key: u64, write: bool) -> bool {
         let (mut at, mut moving, mut dist) = (self.home(key), key, 0i8);
         loop {
             if dist == self.lookups || at >= self.slots.len() {
-                self.slots = before;
                 return false;
             }
             match self.slots[at] {
                 None => {
-                    self.slots[at] = Some((moving, dist));
+                    if write {
+                        self.slots[at] = Some((moving, dist));
+                    }
                     return true;
                 }
                 Some((k, d)) if d < dist => {
-                    self.slots[at] = Some((moving, dist));
+                    if write {
+                        self.slots[at] = Some((moving, dist));
+                    }
                     (moving, dist) = (k, d);
                 }
                 Some(_) => {}
