@@ -244,10 +244,19 @@ macro_rules! memory_stats {
                 $(self.$counter += other.$counter;)*
             }
 
+            /// How many families of per-pool statistics there are.
+            pub(crate) const FAMILIES: usize = [$(stringify!($array)),*].len();
+
             /// Every family of per-pool statistics with its key name, in
             /// declaration order.
-            pub(crate) fn arrays(&self) -> Vec<(&'static str, &StatArray)> {
-                vec![$((stringify!($array), &self.$array),)*]
+            pub(crate) fn arrays(&self) -> [(&'static str, &StatArray); Self::FAMILIES] {
+                [$((stringify!($array), &self.$array)),*]
+            }
+
+            /// Every family of per-pool statistics, in declaration order, to
+            /// change.
+            pub(crate) fn arrays_mut(&mut self) -> [&mut StatArray; Self::FAMILIES] {
+                [$(&mut self.$array),*]
             }
 
             /// Every statistic under PyTorch's flattened key name

@@ -10,13 +10,13 @@
 //! `all` is the highest sum, which may be below the sum of the pools'
 //! highest values).
 
-use crate::stats::{MemoryStats, StatArray};
+use crate::stats::MemoryStats;
 
 use super::journal::Change;
 use super::tally::Family;
 
 /// Families, in [`MemoryStats`]'s order.
-const FAMILIES: usize = 9;
+const FAMILIES: usize = MemoryStats::FAMILIES;
 const ALLOCATION: usize = 0;
 const SEGMENT: usize = 1;
 const ACTIVE: usize = 2;
@@ -34,21 +34,6 @@ const ALL: usize = 2;
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Levels([[i64; 3]; FAMILIES]);
 
-/// The families' arrays of `s`, in [`Levels`]' order.
-fn arrays(s: &MemoryStats) -> [&StatArray; FAMILIES] {
-    [
-        &s.allocation,
-        &s.segment,
-        &s.active,
-        &s.inactive_split,
-        &s.allocated_bytes,
-        &s.reserved_bytes,
-        &s.active_bytes,
-        &s.inactive_split_bytes,
-        &s.requested_bytes,
-    ]
-}
-
 impl Levels {
     /// The current values of `s`.
     pub(crate) fn current(s: &MemoryStats) -> Levels {
@@ -62,7 +47,7 @@ impl Levels {
 
     fn read(s: &MemoryStats, value: impl Fn(&crate::stats::Stat) -> i64) -> Levels {
         let mut out = Levels::default();
-        for (row, a) in out.0.iter_mut().zip(arrays(s)) {
+        for (row, (_, a)) in out.0.iter_mut().zip(s.arrays()) {
             *row = [value(&a.small_pool), value(&a.large_pool), value(&a.all)];
         }
         out
@@ -83,18 +68,7 @@ impl Levels {
 
     /// Writes these as the peaks of `s`.
     pub(crate) fn write_peaks(&self, s: &mut MemoryStats) {
-        let rows = [
-            &mut s.allocation,
-            &mut s.segment,
-            &mut s.active,
-            &mut s.inactive_split,
-            &mut s.allocated_bytes,
-            &mut s.reserved_bytes,
-            &mut s.active_bytes,
-            &mut s.inactive_split_bytes,
-            &mut s.requested_bytes,
-        ];
-        for (a, row) in rows.into_iter().zip(&self.0) {
+        for (a, row) in s.arrays_mut().into_iter().zip(&self.0) {
             a.small_pool.peak = row[0];
             a.large_pool.peak = row[1];
             a.all.peak = row[ALL];
