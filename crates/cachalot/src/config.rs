@@ -181,7 +181,7 @@ pub struct AllocatorConfig {
     /// is per handle, so larger ones make the first pass faster, but a handle
     /// goes back only whole, once no live block touches it. 2 (one page) maps
     /// page by page, for workloads whose shapes change at every step.
-    /// Default: 32 MiB.
+    /// Default: 64 MiB.
     pub cachalot_extent: u64,
     /// `cachalot` policy: cached (mapped but unused) bytes a stream keeps; past it,
     /// frees unmap and release the least recently used pages
@@ -209,7 +209,7 @@ impl Default for AllocatorConfig {
             cachalot_reuse_slack: 0.035,
             cachalot_churn_slack: 0.15,
             cachalot_reuse_min: 32 * MIB,
-            cachalot_extent: 32 * MIB,
+            cachalot_extent: 64 * MIB,
             cachalot_release_threshold: None,
             source: String::new(),
         }
@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(c.cachalot_release_threshold, Some(64 * MIB));
         assert_eq!(AllocatorConfig::default().cachalot_reuse_slack, 0.035);
         assert_eq!(AllocatorConfig::default().cachalot_reuse_min, 32 * MIB);
-        assert_eq!(AllocatorConfig::default().cachalot_extent, 32 * MIB);
+        assert_eq!(AllocatorConfig::default().cachalot_extent, 64 * MIB);
         let c = AllocatorConfig::parse("cachalot_extent_mb:2").unwrap();
         assert_eq!(c.cachalot_extent, 2 * MIB);
         assert!(AllocatorConfig::parse("cachalot_extent_mb:0").is_err());

@@ -405,12 +405,11 @@ fn pages_are_remapped_past_the_reuse_slack() {
     assert_eq!(tight_pages, 10);
     assert_eq!(loose, 28 * MIB, "a's pages stay cached");
     assert_eq!(loose_pages, 14);
-    // With bulk handles, a's 4 pages are one handle: c maps two pages up to
-    // the budget, then a's handle goes back whole and one page takes its
-    // place, then the 3 pages left fit the budget as one handle.
+    // With bulk handles, a's 4 pages are one handle: c's 6 pages do not fit
+    // the budget, so a's handle goes back whole and c takes one handle.
     let (bulk, handles) = reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:0");
     assert_eq!(bulk, 20 * MIB);
-    assert_eq!(handles, 6, "a, b, then 1 + 1 + 1 + 3 pages for c");
+    assert_eq!(handles, 3, "a, b, then c");
     let (floor, _) = reserved_after_a_misfit("cachalot_reuse_slack:0,cachalot_reuse_min_mb:8");
     assert_eq!(
         floor,
@@ -443,8 +442,8 @@ fn the_release_threshold_bounds_cached_pages() {
 #[test]
 fn a_failed_allocation_leaves_no_partial_mapping() {
     // Page by page, the fourth page fails; with bulk handles, the second
-    // handle (a 40 MiB block takes one of 16 pages, then one of 4).
-    for (conf, size, nth) in [("cachalot_extent_mb:2", 20 * MIB, 4), ("", 40 * MIB, 2)] {
+    // handle (an 80 MiB block takes one of 32 pages, then one of 8).
+    for (conf, size, nth) in [("cachalot_extent_mb:2", 20 * MIB, 4), ("", 80 * MIB, 2)] {
         let dev = TestDevice::new(SimBackend::new(1 << 30));
         let alloc = allocator(&dev, conf);
         dev.faults.fail_nth(CallKind::Map, nth, Fault::DeviceError);

@@ -361,18 +361,19 @@ impl Cells {
         n > 0 && (head..head + n).all(|c| self.is_cached(c))
     }
 
-    /// The first cell of the next extent without users after the hand,
-    /// outside `keep`.
-    pub(crate) fn coldest(&mut self, keep: &Range<u32>) -> Option<u32> {
+    /// The first cell of the next extent of at least `min` pages without
+    /// users after the hand, outside `keep`.
+    pub(crate) fn coldest(&mut self, keep: &Range<u32>, min: u32) -> Option<u32> {
         // A full heap (the out-of-memory path) answers without a scan.
-        if self.cached == 0 {
+        if self.cached < u64::from(min.max(1)) {
             return None;
         }
         let n = self.pages.len() as u32;
         let outside = |h: u32| h + self.heads[h as usize] <= keep.start || keep.end <= h;
+        let fits = |h: u32| self.heads[h as usize] >= min && self.is_cached_extent(h);
         let found = (0..n)
             .map(|i| (self.hand + i) % n)
-            .find(|h| self.is_cached_extent(*h) && outside(*h))?;
+            .find(|h| fits(*h) && outside(*h))?;
         self.hand = (found + 1) % n;
         Some(found)
     }
@@ -522,10 +523,10 @@ mod tests {
         s.install(0, 1, PageHandle(1));
         s.install(1, 1, PageHandle(2));
         assert_eq!((s.mapped(), s.in_use(), s.cached(), s.runs()), (2, 2, 0, 1));
-        assert_eq!(s.coldest(&(0..0)), None, "all in use");
+        assert_eq!(s.coldest(&(0..0), 1), None, "all in use");
         s.release(span.clone());
         assert_eq!((s.cached(), s.in_use()), (2, 0));
-        assert_eq!(s.coldest(&(0..1)), Some(1), "cell 0 is kept");
+        assert_eq!(s.coldest(&(0..1), 1), Some(1), "cell 0 is kept");
         assert_eq!(s.uninstall(1), Some((PageHandle(2), 1)));
         assert_eq!((s.mapped(), s.cached(), s.runs()), (1, 1, 1));
         assert_eq!(s.mapped_runs(), vec![(1 << 40, G)]);
@@ -637,11 +638,17 @@ mod tests {
         assert_eq!(s.cached_extents(), vec![6], "cell 5 holds the extent");
         assert_eq!(s.uninstall(2), None);
         assert_eq!(s.uninstall(3), None, "not an extent's first cell");
-        assert_eq!(s.coldest(&(0..0)), Some(6));
-        assert_eq!(s.coldest(&(6..7)), None, "the other extent is in use");
+        assert_eq!(s.coldest(&(0..0), 1), Some(6));
+        assert_eq!(s.coldest(&(6..7), 1), None, "the other extent is in use");
         s.check(|c| u32::from(block.contains(&c))).unwrap();
         s.release_mapped(block);
-        assert_eq!(s.coldest(&(6..7)), Some(2));
+        assert_eq!(s.coldest(&(6..7), 1), Some(2));
+        assert_eq!(
+            s.coldest(&(0..0), 2),
+            Some(2),
+            "cell 6's extent is one page"
+        );
+        assert_eq!(s.coldest(&(0..0), 5), None, "no extent of five pages");
         assert_eq!(s.uninstall(2), Some((PageHandle(7), 4)));
         assert_eq!((s.mapped(), s.runs(), s.cached()), (1, 1, 1));
         s.check(|_| 0).unwrap();

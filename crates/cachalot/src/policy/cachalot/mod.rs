@@ -21,15 +21,19 @@
 //! * Physical memory comes in handles of one or more pages (`cells`'
 //!   extents): the cells a new block holds alone (all but an end cell it may
 //!   share with a neighbour) get one handle per aligned group of
-//!   `cachalot_extent_mb` (default 32 MiB: 16 pages) while the stream may
+//!   `cachalot_extent_mb` (default 64 MiB: 32 pages) while the stream may
 //!   grow by that much; other cells, and every cell of a churning stream, a
 //!   page each. The driver's cost is per handle (on an H100, creating,
 //!   mapping and opening one costs about 50 us whatever its size), so the
-//!   first pass of a training trace makes 15% to 34% of the driver calls of
+//!   first pass of a training trace makes 12% to 32% of the driver calls of
 //!   one handle per page, at the same peak (tests/cachalot_traces.rs). A
 //!   handle maps, unmaps and goes back only whole, once no live block
 //!   touches it: re-mapping takes a cached handle of one page, or gives back
-//!   a larger one and makes a page.
+//!   a larger one and makes a page. A group that would take the stream past
+//!   its budget (below) first gives back the coldest cached handle of
+//!   several pages, which would go back whole anyway, and is then one handle
+//!   if it fits: the first pass of llama_train_bf16 makes 476 driver calls
+//!   instead of 742 (with 32 MiB handles: 580), at a lower peak.
 //! * `pages` is the device side all streams share: handle and segment creation
 //!   counted against the memory fraction (one atomic, slow paths only).
 //! * Without virtual memory a pool's regions are device segments (2 MiB for the
@@ -70,8 +74,8 @@
 //! 3.5% is less than a large block) does not re-map at every step: the GPU
 //! benchmark's threaded pattern (32 live blocks of 512 B to 20 MiB per thread)
 //! makes 6 driver calls per 100,000 operations instead of 58. Repeated passes of
-//! bert_dynamic make 4,710, 1,026, 160, 198, 176 and 6 driver calls, then
-//! none, and reserve 1.202 times the peak requested bytes (PyTorch's
+//! bert_dynamic make 4,698, 802, 122, 44 and 54 driver calls, then none,
+//! and reserve 1.202 times the peak requested bytes (PyTorch's
 //! expandable segments: 1.178, with no driver call after the first pass); a
 //! single pass, and every training trace, never reaches the trigger, so the
 //! ratios above are unchanged.

@@ -36,6 +36,7 @@
 //! back to) the device.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::{
@@ -448,7 +449,7 @@ impl StreamState {
                 true => (cell..end).find(|c| cells.is_mapped(*c)).unwrap_or(end) - cell,
                 false => 1,
             };
-            if let Some(handle) = self.new_extent(pages, run)? {
+            if let Some(handle) = self.new_extent(pages, p, run, &span)? {
                 self.map_new(pages, p, cell, run, handle)?;
                 cell += run;
                 continue;
@@ -479,12 +480,20 @@ impl StreamState {
         mapped
     }
 
-    /// One new handle of `n` (more than one) pages, when the stream may grow
-    /// by that many without re-mapping cached pages and the device has them;
-    /// `None` otherwise (the pages are then obtained one by one).
-    fn new_extent(&mut self, pages: &Pages, n: u32) -> BackendResult<Option<PageHandle>> {
+    /// One new handle of `n` (more than one) pages for cells of pool `p`
+    /// (those of `keep` stay mapped), when the stream may grow by that many
+    /// within its budget, if need be once a cached extent went back, and the
+    /// device has them; `None` otherwise (the pages are then obtained one by
+    /// one).
+    fn new_extent(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        n: u32,
+        keep: &Range<u32>,
+    ) -> BackendResult<Option<PageHandle>> {
         let may_steal = !self.private && !pages.quiet();
-        if n < 2 || (may_steal && self.mapped() + u64::from(n) > self.budget()) {
+        if n < 2 || (may_steal && !self.make_room(pages, p, u64::from(n), keep)?) {
             return Ok(None);
         }
         match pages.create_pages(n) {
@@ -494,13 +503,42 @@ impl StreamState {
         }
     }
 
+    /// Whether the stream may grow by `n` pages within its budget, once the
+    /// coldest cached extent of several pages (outside `keep`) went back to
+    /// the device if it could not before. A handle maps only whole, so such
+    /// an extent would go back anyway to re-map one of its pages: giving it
+    /// back for a new handle of `n` pages instead spares a call per page.
+    /// One extent at most, so the pages of a cached layout are not given
+    /// back for a handle that would still not fit (see the module docs).
+    fn make_room(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        n: u64,
+        keep: &Range<u32>,
+    ) -> BackendResult<bool> {
+        if self.mapped() + n <= self.budget() {
+            return Ok(true);
+        }
+        let Some((handle, k)) = self.unmap_coldest(pages, p, keep, 2)? else {
+            return Ok(false);
+        };
+        pages.release_pages(handle, k)?;
+        let room = self.mapped() + n <= self.budget();
+        if room {
+            // As many pages re-mapped as page by page (see `obtain_page`).
+            self.remaps += u64::from(k).min(n);
+        }
+        Ok(room)
+    }
+
     /// A page to map: a cached one re-mapped when this stream already holds its
     /// budget (or the device is full), else a new one.
     fn obtain_page(
         &mut self,
         pages: &Pages,
         p: usize,
-        keep: &std::ops::Range<u32>,
+        keep: &Range<u32>,
     ) -> BackendResult<PageHandle> {
         let mapped = self.mapped();
         if !self.churning
@@ -565,18 +603,38 @@ impl StreamState {
         &mut self,
         pages: &Pages,
         p: usize,
-        keep: &std::ops::Range<u32>,
+        keep: &Range<u32>,
     ) -> BackendResult<Option<PageHandle>> {
+        match self.unmap_coldest(pages, p, keep, 1)? {
+            Some((handle, 1)) => Ok(Some(handle)),
+            Some((handle, n)) => {
+                pages.release_pages(handle, n)?;
+                pages.create_pages(1).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Unmaps the coldest cached extent of at least `min` pages of this
+    /// stream (pool `p`'s outside `keep` first, then the other pool's): its
+    /// handle and length in pages.
+    fn unmap_coldest(
+        &mut self,
+        pages: &Pages,
+        p: usize,
+        keep: &Range<u32>,
+        min: u32,
+    ) -> BackendResult<Option<(PageHandle, u32)>> {
         for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
-            let head = self.pools[q].cells.as_mut().and_then(|s| s.coldest(&keep));
+            let head = self.pools[q]
+                .cells
+                .as_mut()
+                .and_then(|s| s.coldest(&keep, min));
             if let Some(head) = head {
                 self.quiesce(pages)?;
-                let (handle, n) = self.pools[q].unmap_extent(pages, &mut self.ledger, head)?;
-                if n == 1 {
-                    return Ok(Some(handle));
-                }
-                pages.release_pages(handle, n)?;
-                return pages.create_pages(1).map(Some);
+                return self.pools[q]
+                    .unmap_extent(pages, &mut self.ledger, head)
+                    .map(Some);
             }
         }
         Ok(None)
