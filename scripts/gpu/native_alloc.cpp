@@ -399,19 +399,21 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
 }
 
 // Replays an op list through each named contender in turn, all in this
-// process: first each one's first pass from an empty cache, then `turns` turns
-// in which each contender takes one untimed pass (its caches and branch
-// predictors warm up again after the others' turns) and `timed` timed ones.
-// Returns, per contender, the first pass's ns per op, each turn's mean ns per
-// op over its timed passes, and, where the allocator counts them, its reserved
-// bytes after the first pass and at peak.
+// process: first `cold` rounds in which each one takes a first pass from an
+// empty cache (released before it), then `turns` turns in which each
+// contender takes one untimed pass (its caches and branch predictors warm up
+// again after the others' turns) and `timed` timed ones. Returns, per
+// contender, each round's first-pass ns per op, each turn's mean ns per op
+// over its timed passes, and, where the allocator counts them, its reserved
+// bytes after the first round's first pass and at peak.
 //
 // A contender that throws (all of them hold their caches at once, so a late
 // one can find the device full, or RMM's arena too small) is released and
 // left out of the later passes, so that the others still finish: its entry
 // says why ("failed") and keeps what it ran before. What its broken pass held
 // may stay allocated.
-py::dict turns(const std::string& path, const std::vector<std::string>& names, int turns, int timed) {
+py::dict turns(const std::string& path, const std::vector<std::string>& names, int turns, int timed,
+               int cold) {
   auto ops = load_ops(path);
   auto [ids, nstreams] = shape(ops);
   const uint64_t peak = peak_live(ops);
@@ -438,18 +440,20 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
   }
   std::vector<std::vector<void*>> ptrs(n, std::vector<void*>(ids, nullptr));
   std::vector<uint32_t> stream_of(ids, 0);
-  std::vector<double> first(n, -1);
+  std::vector<py::list> firsts(n);
   std::vector<std::pair<uint64_t, uint64_t>> reserved(n, {0, 0});
   std::vector<py::list> means(n);
   auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
-  for (size_t c = 0; c < n; ++c) {
-    if (!failed[c].empty()) continue;
-    try {
-      contenders[c]->release();
-      first[c] = pass(c);
-      reserved[c].first = contenders[c]->reserved().first;
-    } catch (const std::exception& e) {
-      fail(c, e);
+  for (int round = 0; round < cold; ++round) {
+    for (size_t c = 0; c < n; ++c) {
+      if (!failed[c].empty()) continue;
+      try {
+        contenders[c]->release();
+        firsts[c].append(pass(c));
+        if (round == 0) reserved[c].first = contenders[c]->reserved().first;
+      } catch (const std::exception& e) {
+        fail(c, e);
+      }
     }
   }
   for (int turn = 0; turn < turns; ++turn) {
@@ -478,7 +482,7 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
   py::dict out;
   for (size_t c = 0; c < n; ++c) {
     py::dict r;
-    r["first"] = first[c] < 0 ? py::object(py::none()) : py::object(py::float_(first[c]));
+    r["firsts"] = firsts[c];
     r["turns"] = means[c];
     // {0, 0}: the allocator counts none (cachalot's plug-in; its own bench does).
     if (reserved[c].first || reserved[c].second) {

@@ -11,11 +11,14 @@ With --plugin, each op list is also replayed in this one process by all the
 contenders in turn: PyTorch's allocator, cudaMallocAsync, cachalot's plug-in
 with the pytorch and with the cachalot policy (a private copy of the library
 each), and, where the extension was built with RMM, RMM's pool, arena and
-async resources (rmm:pool, rmm:arena, rmm:async). Each takes a first pass
-from an empty cache, then --turns turns of one untimed pass and --timed timed
-ones. The JSON's "one_process" part has, per op list and contender, the first
-pass, every turn's ns per op and their median, every turn's ratio to PyTorch's
-allocator with their median and the worst, the reserved bytes where the
+async resources (rmm:pool, rmm:arena, rmm:async). In --cold rounds each takes
+a first pass from an empty cache (one pass is at the mercy of the host: a
+pause of it can double one), then --turns turns of one untimed pass and
+--timed timed ones. The JSON's "one_process" part has, per op list and
+contender, every round's first pass, their median and their ratios to PyTorch's
+allocator's in the same round with their median, every turn's ns per op and
+their median, every turn's ratio to PyTorch's allocator with their median and
+the worst, the reserved bytes where the
 allocator counts them, and "failed" with the reason for a contender that threw
 (it is left out of the passes after that).
 
@@ -133,18 +136,25 @@ def summary(name, r):
     return text
 
 
-def one_process(ext, ops_dir, plugin, turns, timed):
-    """All contenders in this process, taking turns, per op list."""
+def one_process(ext, ops_dir, plugin, turns, timed, cold):
+    """All contenders in this process, taking turns, per op list: `cold`
+    rounds of a first pass from an empty cache each, then the turns."""
     ext.set_plugin(plugin)
     names = ONE_PROCESS + (RMM_CONTENDERS if has_rmm(ext) else [])
     if not has_rmm(ext):
         print("note: the extension has no RMM: rmm:pool, rmm:arena and rmm:async are skipped", file=sys.stderr)
-    out = {"turns": turns, "timed": timed, "contenders": names, "traces": {}}
+    out = {"turns": turns, "timed": timed, "cold": cold, "contenders": names, "traces": {}}
     for path in sorted(glob.glob(os.path.join(ops_dir, "*.ops"))):
         trace = os.path.basename(path)[:-4]
-        by = ext.turns(path, names, turns, timed)
+        by = ext.turns(path, names, turns, timed, cold)
         native = by["pytorch"]["turns"]
+        native_firsts = by["pytorch"]["firsts"]
         for name, r in by.items():
+            if r["firsts"]:
+                r["first"] = statistics.median(r["firsts"])
+            if r["firsts"] and native_firsts:
+                r["first_ratios"] = [c / n for c, n in zip(r["firsts"], native_firsts)]
+                r["first_ratio_median"] = statistics.median(r["first_ratios"])
             if not r["turns"]:
                 continue
             r["steady"] = statistics.median(r["turns"])
@@ -176,6 +186,7 @@ def main():
     ap.add_argument("--plugin", help="libcachalot_torch.so, for the one-process replay")
     ap.add_argument("--turns", type=int, default=15)
     ap.add_argument("--timed", type=int, default=3, help="timed passes per turn")
+    ap.add_argument("--cold", type=int, default=5, help="first passes from an empty cache per contender")
     ap.add_argument("--rmm", default=os.path.join(os.path.dirname(HERE), "rmm"),
                     help="folder of the librmm-cu13 and rapids-logger wheels (the rmm contenders)")
     args = ap.parse_args()
@@ -202,7 +213,8 @@ def main():
             print(f"{trace:16} {name:8} first {ns[0]:8.0f} ns/op  steady {r['ns_steady']:8.0f} ns/op  "
                   f"reserved {r['reserved_after_first']}  device used {r['device_used_after_first']}")
     if args.plugin:
-        result["one_process"] = one_process(ext, args.ops, args.plugin, args.turns, args.timed)
+        result["one_process"] = one_process(ext, args.ops, args.plugin, args.turns, args.timed,
+                                            args.cold)
     for name in contenders:
         result["scaling"][name] = {}
         for threads in [int(t) for t in args.threads.split(",")]:

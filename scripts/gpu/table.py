@@ -64,13 +64,16 @@ def num(x, fmt):
 
 def speed_table(one, memory):
     keys = [k for k in NAMES if any(k in by for by in one["traces"].values())]
-    print(f"One process, the {len(keys)} allocators taking turns ({one['turns']} turns of one untimed "
-          f"and {one['timed']} timed passes each; cachalot through its plug-in's C entry points):\n")
-    print("| trace | allocator | ns/op first pass | ns/op steady (median of turns) "
+    cold = one.get("cold", 1)
+    print(f"One process, the {len(keys)} allocators taking turns ({cold} first passes from an empty cache "
+          f"each, in rounds, then {one['turns']} turns of one untimed and {one['timed']} timed passes each; "
+          f"cachalot through its plug-in's C entry points):\n")
+    print("| trace | allocator | ns/op first pass (median) | first pass / PyTorch native (median of rounds) "
+          "| ns/op steady (median of turns) "
           "| / PyTorch native (median of turns) | middle half of turns | reserved MiB (allocator) "
           "| device used MiB (cuMemGetInfo) | simulator predicted MiB "
           "| driver memory calls: first pass / later pass |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     failures = []
     for trace, by in sorted(one["traces"].items()):
         for key in keys:
@@ -88,7 +91,8 @@ def speed_table(one, memory):
             if len(ratios) >= 2:
                 q1, _, q3 = statistics.quantiles(ratios, n=4)
                 spread = f"{q1:.3f} - {q3:.3f}"
-            print(f"| {trace} | {name} | {num(r.get('first'), '.0f')} | {num(r.get('steady'), '.0f')} | "
+            print(f"| {trace} | {name} | {num(r.get('first'), '.0f')} | "
+                  f"{num(r.get('first_ratio_median'), '.2f')} | {num(r.get('steady'), '.0f')} | "
                   f"{num(r.get('ratio_median'), '.3f')} | {spread} | "
                   f"{mib(reserved)} | {mib(m.get('device_used_after_first'))} | "
                   f"{mib(m.get('sim_reserved'))} | {calls(m)} |")
