@@ -86,61 +86,25 @@ impl Levels {
     /// Current values after `change`.
     #[inline(always)]
     pub(crate) fn shift(&mut self, change: Change) {
-        match change {
-            Change::Allocated {
-                small,
-                size,
-                requested,
-            } => {
-                let size = size as i64;
-                self.add(ALLOCATION, small, 1);
-                self.add(ALLOCATED_BYTES, small, size);
-                self.add(ACTIVE, small, 1);
-                self.add(ACTIVE_BYTES, small, size);
-                self.add(REQUESTED_BYTES, small, requested as i64);
+        moves(change, |family, small, amount| {
+            self.add(family, small, amount)
+        });
+    }
+
+    /// Current values after `change`, raising `peaks` where a value it moved
+    /// up passes them (no other can: where these were at most `peaks`
+    /// before, they are after).
+    #[inline(always)]
+    pub(crate) fn shift_raising(&mut self, change: Change, peaks: &mut Levels) {
+        moves(change, |family, small, amount| {
+            self.add(family, small, amount);
+            if amount > 0 {
+                for p in [usize::from(!small), ALL] {
+                    let peak = &mut peaks.0[family][p];
+                    *peak = (*peak).max(self.0[family][p]);
+                }
             }
-            Change::FreeRequested { small, size } => {
-                self.add(ALLOCATION, small, -1);
-                self.add(ALLOCATED_BYTES, small, -(size as i64));
-            }
-            Change::FreeCompleted {
-                small,
-                size,
-                requested,
-            } => {
-                self.add(ACTIVE, small, -1);
-                self.add(ACTIVE_BYTES, small, -(size as i64));
-                self.add(REQUESTED_BYTES, small, -(requested as i64));
-            }
-            Change::Freed {
-                small,
-                size,
-                requested,
-            } => {
-                let size = size as i64;
-                self.add(ALLOCATION, small, -1);
-                self.add(ALLOCATED_BYTES, small, -size);
-                self.add(ACTIVE, small, -1);
-                self.add(ACTIVE_BYTES, small, -size);
-                self.add(REQUESTED_BYTES, small, -(requested as i64));
-            }
-            Change::Reserved {
-                small,
-                bytes,
-                segments,
-            } => {
-                self.add(RESERVED_BYTES, small, bytes);
-                self.add(SEGMENT, small, segments);
-            }
-            Change::Splits {
-                small,
-                count,
-                bytes,
-            } => {
-                self.add(INACTIVE_SPLIT, small, count);
-                self.add(INACTIVE_SPLIT_BYTES, small, bytes);
-            }
-        }
+        });
     }
 
     /// Each statistic's value here plus `other`'s.
@@ -187,6 +151,67 @@ impl Levels {
     }
 }
 
+/// What `change` adds to each statistic it moves: `add(family, small,
+/// amount)` for the pool (small or large) and its `all`.
+#[inline(always)]
+fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
+    match change {
+        Change::Allocated {
+            small,
+            size,
+            requested,
+        } => {
+            let size = size as i64;
+            add(ALLOCATION, small, 1);
+            add(ALLOCATED_BYTES, small, size);
+            add(ACTIVE, small, 1);
+            add(ACTIVE_BYTES, small, size);
+            add(REQUESTED_BYTES, small, requested as i64);
+        }
+        Change::FreeRequested { small, size } => {
+            add(ALLOCATION, small, -1);
+            add(ALLOCATED_BYTES, small, -(size as i64));
+        }
+        Change::FreeCompleted {
+            small,
+            size,
+            requested,
+        } => {
+            add(ACTIVE, small, -1);
+            add(ACTIVE_BYTES, small, -(size as i64));
+            add(REQUESTED_BYTES, small, -(requested as i64));
+        }
+        Change::Freed {
+            small,
+            size,
+            requested,
+        } => {
+            let size = size as i64;
+            add(ALLOCATION, small, -1);
+            add(ALLOCATED_BYTES, small, -size);
+            add(ACTIVE, small, -1);
+            add(ACTIVE_BYTES, small, -size);
+            add(REQUESTED_BYTES, small, -(requested as i64));
+        }
+        Change::Reserved {
+            small,
+            bytes,
+            segments,
+        } => {
+            add(RESERVED_BYTES, small, bytes);
+            add(SEGMENT, small, segments);
+        }
+        Change::Splits {
+            small,
+            count,
+            bytes,
+        } => {
+            add(INACTIVE_SPLIT, small, count);
+            add(INACTIVE_SPLIT_BYTES, small, bytes);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,11 +219,13 @@ mod tests {
     use crate::test_rng::XorShift;
 
     /// `shift` moves every current value as applying the change to a stream's
-    /// figures does, over a seeded mix of every kind of change.
+    /// figures does, over a seeded mix of every kind of change; `shift_raising`
+    /// moves them alike and keeps the highest values as raising every one
+    /// after the change does.
     #[test]
     fn shift_follows_the_figures() {
         let mut figures = Figures::new(MemoryStats::new(None));
-        let mut levels = Levels::default();
+        let (mut levels, mut tops) = (Levels::default(), Levels::default());
         let mut rng = XorShift(0x9e37_79b9);
         let (mut live, mut pending) = (Vec::new(), Vec::new());
         for _ in 0..5_000 {
@@ -252,8 +279,16 @@ mod tests {
                 continue; // nothing goes negative
             }
             figures.apply(change);
+            let (mut raised, mut peaks) = (levels, tops);
+            raised.shift_raising(change, &mut peaks);
             levels = next;
+            tops.raise(&levels);
             assert_eq!(levels, figures.levels());
+            assert_eq!(
+                (raised, peaks),
+                (levels, tops),
+                "shift_raising after {change:?}"
+            );
         }
     }
 

@@ -377,8 +377,7 @@ impl Sweep {
             };
             let (peaks, replayed) = (&mut self.peaks, &mut self.replayed);
             self.cursors[q].advance(&runs[q], q, second, |change| {
-                exact.shift(change);
-                peaks.raise(exact);
+                exact.shift_raising(change, peaks);
                 *replayed += 1;
             });
         }
