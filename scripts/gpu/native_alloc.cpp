@@ -400,7 +400,7 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
 
 // Replays an op list through each named contender in turn, all in this
 // process: first `cold` rounds in which each one takes a first pass from an
-// empty cache (released before it), then `turns` turns in which each
+// empty cache (all released at the round's start), then `turns` turns in which each
 // contender takes one untimed pass (its caches and branch predictors warm up
 // again after the others' turns) and `timed` timed ones. Returns, per
 // contender, each round's first-pass ns per op, each turn's mean ns per op
@@ -445,10 +445,20 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
   std::vector<py::list> means(n);
   auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
   for (int round = 0; round < cold; ++round) {
+    // Every cache empty at each round's start, as before the first: a
+    // contender sized by the free memory when it is made (RMM's arena) finds
+    // as much in every round.
     for (size_t c = 0; c < n; ++c) {
       if (!failed[c].empty()) continue;
       try {
         contenders[c]->release();
+      } catch (const std::exception& e) {
+        fail(c, e);
+      }
+    }
+    for (size_t c = 0; c < n; ++c) {
+      if (!failed[c].empty()) continue;
+      try {
         firsts[c].append(pass(c));
         if (round == 0) reserved[c].first = contenders[c]->reserved().first;
       } catch (const std::exception& e) {
