@@ -57,7 +57,7 @@
 //! blocks* (plus the slack), not the peak of a fragmented address range, while a
 //! steady training loop, whose layout repeats, settles on mapped pages and makes
 //! no driver calls. On the bundled traces peak reserved / peak requested is
-//! 1.0179 (resnet50), 1.0200 (vit), 1.0367 (gpt2) and 1.0480 (bert with varying
+//! 1.0179 (resnet50), 1.0200 (vit), 1.0367 (gpt2) and 1.0458 (bert with varying
 //! shapes), against 1.0205, 1.0206, 1.0369 and 1.1781 for PyTorch's expandable
 //! segments (tests/cachalot_traces.rs).
 //!
