@@ -492,8 +492,7 @@ impl StreamState {
         n: u32,
         keep: &Range<u32>,
     ) -> BackendResult<Option<PageHandle>> {
-        let may_steal = !self.private && !pages.quiet();
-        if n < 2 || (may_steal && !self.make_room(pages, p, u64::from(n), keep)?) {
+        if n < 2 || (self.may_steal(pages) && !self.make_room(pages, p, u64::from(n), keep)?) {
             return Ok(None);
         }
         match pages.create_pages(n) {
@@ -501,6 +500,14 @@ impl StreamState {
             Err(e) if e.is_out_of_memory() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether this stream re-maps its cached pages to keep within its
+    /// budget: not a private pool's lane (a graph replays at the addresses
+    /// it captured), nor while a route to a private pool is open (re-mapping
+    /// waits for the stream).
+    fn may_steal(&self, pages: &Pages) -> bool {
+        !self.private && !pages.quiet()
     }
 
     /// Whether the stream may grow by `n` pages within its budget, once the
@@ -548,7 +555,7 @@ impl StreamState {
         {
             self.start_churning();
         }
-        let may_steal = !self.private && !pages.quiet();
+        let may_steal = self.may_steal(pages);
         if may_steal && mapped >= self.budget() {
             if let Some(page) = self.steal(pages, p, keep)? {
                 self.remaps += 1;
