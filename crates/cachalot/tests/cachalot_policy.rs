@@ -418,6 +418,37 @@ fn pages_are_remapped_past_the_reuse_slack() {
     );
 }
 
+/// Reserved bytes after `small` blocks of 512 KiB are freed (idle small
+/// pages) and one large block of `large` bytes takes the stream to a new peak.
+fn reserved_after_a_peak(small: usize, large: u64) -> u64 {
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, "");
+    let blocks: Vec<u64> = (0..small)
+        .map(|_| alloc.malloc(512 * 1024, StreamId(0)).unwrap())
+        .collect();
+    for p in blocks {
+        alloc.free(p).unwrap();
+    }
+    assert_eq!(alloc.memory_reserved(), small as u64 / 4 * 2 * MIB);
+    let big = alloc.malloc(large, StreamId(0)).unwrap();
+    alloc.validate().unwrap();
+    let reserved = alloc.memory_reserved();
+    alloc.free(big).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(dev.sim.live_objects(), 0);
+    reserved
+}
+
+#[test]
+fn a_new_peak_gives_back_the_other_pools_idle_pages() {
+    // Ten idle small pages, then a 100 MiB peak: all but one (2% of the
+    // peak's 50 pages) go back before the large pool maps its pages (the
+    // budget, at least 32 MiB over the peak, would have kept them).
+    assert_eq!(reserved_after_a_peak(40, 100 * MIB), 102 * MIB);
+    // One idle small page is less than 2% of a 200 MiB peak: it stays.
+    assert_eq!(reserved_after_a_peak(4, 200 * MIB), 202 * MIB);
+}
+
 #[test]
 fn the_release_threshold_bounds_cached_pages() {
     // Page by page, 4 MiB of pages stay cached; with bulk handles (one per
