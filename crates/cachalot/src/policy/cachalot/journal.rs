@@ -11,7 +11,10 @@
 //!
 //! From the second stream on, every change a stream's ledger makes is also
 //! written to the stream's [`Journal`], stamped with the machine's clock read
-//! under the stream's lock (the processor's time-stamp counter through
+//! under the stream's lock (once per operation: the changes an allocation or a
+//! free makes under one hold of the lock share the stamp read at the first,
+//! as if the operation had made them all at that instant, which falls within
+//! it) (the processor's time-stamp counter through
 //! `quanta`, which falls back to the operating system's monotonic clock where
 //! that counter is not invariant and synchronized across cores). The clock is
 //! one for the whole machine: a change that happens after another (on the same
@@ -271,6 +274,8 @@ pub(crate) struct Journal {
     run: Run,
     /// The first change of the chunk being written.
     open: usize,
+    /// Within an operation: its stamp, once its first change read the clock.
+    op: Option<Option<u64>>,
 }
 
 impl Journal {
@@ -286,13 +291,29 @@ impl Journal {
                 chunks: Vec::with_capacity(JOURNAL_LIMIT / CHUNK + 1),
             },
             open: 0,
+            op: None,
         }
+    }
+
+    /// Changes from now until [`Journal::end_op`] share one stamp.
+    #[inline(always)]
+    pub(crate) fn begin_op(&mut self) {
+        self.op = Some(None);
+    }
+
+    /// Each change from now on reads the clock.
+    #[inline(always)]
+    pub(crate) fn end_op(&mut self) {
+        self.op = None;
     }
 
     /// Stamps `change` (already applied to `figures`) and keeps it.
     #[inline(always)]
     pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
-        let stamp = self.clock.raw();
+        let stamp = match &mut self.op {
+            Some(op) => *op.get_or_insert_with(|| self.clock.raw()),
+            None => self.clock.raw(),
+        };
         self.run.entries.push((stamp, change));
         if self.run.entries.len() - self.open >= CHUNK {
             self.close(figures);

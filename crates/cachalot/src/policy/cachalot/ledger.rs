@@ -85,6 +85,23 @@ impl Ledger {
         self.journal = Some(device.start(merged, &mut self.figures));
     }
 
+    /// The changes of one operation (under one hold of the stream's lock)
+    /// from now until [`Ledger::end_op`] share one journal stamp.
+    #[inline(always)]
+    pub(crate) fn begin_op(&mut self) {
+        if let Some(journal) = &mut self.journal {
+            journal.begin_op();
+        }
+    }
+
+    /// Ends what [`Ledger::begin_op`] began.
+    #[inline(always)]
+    pub(crate) fn end_op(&mut self) {
+        if let Some(journal) = &mut self.journal {
+            journal.end_op();
+        }
+    }
+
     /// The journal, once the device has several streams.
     pub(crate) fn journal(&self) -> Option<&Journal> {
         self.journal.as_ref()

@@ -281,6 +281,8 @@ struct Sweep {
     cursors: Vec<Cursor>,
     /// While replaying: the device's exact values (the cursors' sum).
     exact: Option<Levels>,
+    /// While replaying: each run's next stamp (`u64::MAX`: none).
+    heads: Vec<u64>,
     /// Changes replayed one by one.
     replayed: usize,
 }
@@ -295,6 +297,7 @@ impl Sweep {
                 .iter()
                 .map(|&level| Cursor { level, next: 0 })
                 .collect(),
+            heads: Vec::with_capacity(upper.len()),
             upper,
             exact: None,
             replayed: 0,
@@ -355,31 +358,36 @@ impl Sweep {
         let Some(exact) = self.exact.as_mut() else {
             return;
         };
+        let next_stamp = |q: usize, at: usize| runs[q].entries.get(at).map_or(u64::MAX, |e| e.0);
+        let heads = &mut self.heads;
+        heads.clear();
+        heads.extend((0..runs.len()).map(|q| next_stamp(q, self.cursors[q].next)));
         loop {
-            let (mut first, mut second) = (None, key);
-            for (q, (run, c)) in runs.iter().zip(&self.cursors).enumerate() {
-                let Some(&(t, _)) = run.entries.get(c.next) else {
-                    continue;
-                };
-                let at = (t, q, c.next);
-                match first {
-                    Some(f) if at >= f => second = second.min(at),
-                    _ => {
-                        if let Some(f) = first {
-                            second = second.min(f);
-                        }
-                        first = Some(at);
-                    }
+            // The earliest head and the earliest of the others, ties to the
+            // lower run.
+            let (mut first, mut second) = ((u64::MAX, usize::MAX), (u64::MAX, usize::MAX));
+            for (q, &t) in heads.iter().enumerate() {
+                if t < first.0 {
+                    second = first;
+                    first = (t, q);
+                } else if t < second.0 {
+                    second = (t, q);
                 }
             }
-            let Some((_, q, _)) = first.filter(|&f| f < key) else {
+            let q = first.1;
+            if q == usize::MAX || (first.0, q, self.cursors[q].next) >= key {
                 return;
+            }
+            let limit = match second.1 {
+                usize::MAX => key,
+                o => key.min((second.0, o, self.cursors[o].next)),
             };
             let (peaks, replayed) = (&mut self.peaks, &mut self.replayed);
-            self.cursors[q].advance(&runs[q], q, second, |change| {
+            self.cursors[q].advance(&runs[q], q, limit, |change| {
                 exact.shift_raising(change, peaks);
                 *replayed += 1;
             });
+            heads[q] = next_stamp(q, self.cursors[q].next);
         }
     }
 }
@@ -482,6 +490,41 @@ mod tests {
         m.peaks().write_peaks(&mut stats);
         assert_eq!(stats.allocated_bytes.all.peak, 150);
         assert_eq!(stats.allocated_bytes.large_pool.peak, 150);
+    }
+
+    #[test]
+    fn an_operations_changes_share_one_stamp() {
+        let (mut merged, mut s) = streams(2);
+        let m = merged.as_mut().expect("started");
+        s[0].journal.begin_op();
+        s[0].note(alloc(100));
+        s[1].note(alloc(30));
+        s[0].note(alloc(50));
+        s[0].journal.end_op();
+        s[0].note(free(150));
+        s[0].note(alloc(20));
+        let spare = m.spare();
+        let first = &mut s[0];
+        let run = first.journal.take(&mut first.figures, spare);
+        run.validate().expect("a consistent run");
+        let stamps: Vec<u64> = run.entries.iter().map(|e| e.0).collect();
+        assert_eq!(
+            stamps,
+            [1, 1, 4, 5],
+            "the operation's two changes at its first"
+        );
+        // The other stream's change, made between them, comes after both:
+        // the operation happened at its first change.
+        let mut cut = m.begin();
+        cut.add(run);
+        let spare = m.spare();
+        let second = &mut s[1];
+        cut.add(second.journal.take(&mut second.figures, spare));
+        cut.settle();
+        m.finish(cut);
+        let mut stats = MemoryStats::new(None);
+        m.peaks().write_peaks(&mut stats);
+        assert_eq!(stats.allocated_bytes.all.peak, 180);
     }
 
     /// The device's peaks from seeded interleavings of several streams'

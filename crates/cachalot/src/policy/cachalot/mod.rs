@@ -344,7 +344,9 @@ impl CachalotAllocator {
     fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
         let (out, fill) = {
             let mut st = entry.lock();
+            st.ledger.begin_op();
             let out = f(&mut st);
+            st.ledger.end_op();
             (out, st.ledger.journal().map_or(Fill::Room, |j| j.fill()))
         };
         if fill != Fill::Room {
