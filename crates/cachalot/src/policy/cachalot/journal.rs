@@ -11,12 +11,13 @@
 //!
 //! From the second stream on, every change a stream's ledger makes is also
 //! written to the stream's [`Journal`], stamped with the machine's clock read
-//! under the stream's lock (once per operation: the changes an allocation or a
-//! free makes under one hold of the lock share the stamp read at the first,
-//! as if the operation had made them all at that instant, which falls within
-//! it) (the processor's time-stamp counter through
+//! under the stream's lock: the processor's time-stamp counter through
 //! `quanta`, which falls back to the operating system's monotonic clock where
-//! that counter is not invariant and synchronized across cores). The clock is
+//! that counter is not invariant and synchronized across cores. The clock is
+//! read once per operation: the changes an allocation or a free makes under
+//! one hold of the lock share the stamp read at the first, as if the
+//! operation had made them all at that instant, which falls within it. The
+//! clock is
 //! one for the whole machine: a change that happens after another (on the same
 //! stream, or after any synchronization between threads) reads a later time,
 //! so ordering the changes by time, ties in any order, is an order in which
