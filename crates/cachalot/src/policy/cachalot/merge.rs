@@ -456,8 +456,8 @@ mod tests {
         (merged, out)
     }
 
-    /// Takes every stream's run and settles them; returns the changes replayed.
-    fn cut(merged: &mut Merged, streams: &mut [Stream]) -> usize {
+    /// Takes every stream's run (each checked) into a cut, not yet settled.
+    fn take_cut(merged: &mut Merged, streams: &mut [Stream]) -> Cut {
         let mut cut = merged.begin();
         for s in streams.iter_mut() {
             let spare = merged.spare();
@@ -465,6 +465,12 @@ mod tests {
             run.validate().expect("a consistent run");
             cut.add(run);
         }
+        cut
+    }
+
+    /// Takes every stream's run and settles them; returns the changes replayed.
+    fn cut(merged: &mut Merged, streams: &mut [Stream]) -> usize {
+        let mut cut = take_cut(merged, streams);
         let replayed = cut.settle();
         merged.finish(cut);
         let now = streams
@@ -507,13 +513,7 @@ mod tests {
         s[0].note(free(100));
         s[0].journal.end_op();
         s[0].note(alloc(20));
-        let mut cut = m.begin();
-        for st in s.iter_mut() {
-            let spare = m.spare();
-            let run = st.journal.take(&mut st.figures, spare);
-            run.validate().expect("a consistent run");
-            cut.add(run);
-        }
+        let mut cut = take_cut(m, &mut s);
         let stamps: Vec<u64> = cut.runs[0].entries.iter().map(|e| e.0).collect();
         assert_eq!(stamps, [1, 1, 4], "the operation's changes at its first");
         cut.settle();

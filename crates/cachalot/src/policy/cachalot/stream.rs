@@ -406,15 +406,9 @@ impl StreamState {
             return Ok(());
         }
         while self.mapped() + n > self.peak_in_use + share {
-            let coldest = self.pools[q]
-                .cells
-                .as_mut()
-                .and_then(|c| c.coldest(&(0..0), 1));
-            let Some(head) = coldest else {
+            let Some((handle, k)) = self.unmap_coldest_in(pages, q, &(0..0), 1)? else {
                 break;
             };
-            self.quiesce(pages)?;
-            let (handle, k) = self.pools[q].unmap_extent(pages, &mut self.ledger, head)?;
             pages.release_pages(handle, k)?;
         }
         Ok(())
@@ -694,19 +688,32 @@ impl StreamState {
         keep: &Range<u32>,
         min: u32,
     ) -> BackendResult<Option<(PageHandle, u32)>> {
-        for (q, keep) in [(p, keep.clone()), (1 - p, 0..0)] {
-            let head = self.pools[q]
-                .cells
-                .as_mut()
-                .and_then(|s| s.coldest(&keep, min));
-            if let Some(head) = head {
-                self.quiesce(pages)?;
-                return self.pools[q]
-                    .unmap_extent(pages, &mut self.ledger, head)
-                    .map(Some);
-            }
+        match self.unmap_coldest_in(pages, p, keep, min)? {
+            Some(found) => Ok(Some(found)),
+            None => self.unmap_coldest_in(pages, 1 - p, &(0..0), min),
         }
-        Ok(None)
+    }
+
+    /// Unmaps the coldest cached extent of at least `min` pages of pool `q`
+    /// outside `keep`: its handle and length in pages.
+    fn unmap_coldest_in(
+        &mut self,
+        pages: &Pages,
+        q: usize,
+        keep: &Range<u32>,
+        min: u32,
+    ) -> BackendResult<Option<(PageHandle, u32)>> {
+        let head = self.pools[q]
+            .cells
+            .as_mut()
+            .and_then(|s| s.coldest(keep, min));
+        let Some(head) = head else {
+            return Ok(None);
+        };
+        self.quiesce(pages)?;
+        self.pools[q]
+            .unmap_extent(pages, &mut self.ledger, head)
+            .map(Some)
     }
 
     /// The pools to look in for `ptr`: with ranges, the large pool's holds
