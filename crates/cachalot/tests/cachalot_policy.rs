@@ -439,6 +439,34 @@ fn reserved_after_a_peak(small: usize, large: u64) -> u64 {
     reserved
 }
 
+/// The blocks of the small pool's mapped runs after 1 MiB, 2 KiB and 1 MiB
+/// blocks are allocated, then freed with `held` still live.
+fn small_blocks_after_frees(held: Option<u64>) -> Vec<usize> {
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let alloc = allocator(&dev, "");
+    let held = held.map(|size| alloc.malloc(size, StreamId(0)).unwrap());
+    for p in [MIB, 2048, MIB].map(|size| alloc.malloc(size, StreamId(0)).unwrap()) {
+        alloc.free(p).unwrap();
+    }
+    alloc.validate().unwrap();
+    let snapshot = alloc.snapshot();
+    let small = snapshot.segments.iter().filter(|s| s.is_small);
+    let blocks = small.map(|s| s.blocks.len()).collect();
+    held.into_iter().for_each(|p| alloc.free(p).unwrap());
+    blocks
+}
+
+#[test]
+fn an_emptied_stream_merges_its_kept_blocks() {
+    // The small pool keeps freed blocks apart for reuse at their sizes
+    // while the stream's work goes on (a large block is live)...
+    assert_eq!(small_blocks_after_frees(Some(4 * MIB)), [4]);
+    // ...and merges them once nothing is live: the next work is laid out
+    // from whole free pages, as the first was (llama_train_bf16's second
+    // pass mapped a small page its first did not need).
+    assert_eq!(small_blocks_after_frees(None), [1]);
+}
+
 #[test]
 fn a_new_peak_gives_back_the_other_pools_idle_pages() {
     // Ten idle small pages, then a 100 MiB peak: all but one (2% of the

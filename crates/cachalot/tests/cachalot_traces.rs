@@ -196,15 +196,18 @@ fn repeated_passes_with_filler(
 fn repeated_passes_settle_on_mapped_pages() {
     let mut failures = Vec::new();
     for name in trace::TRACES {
-        let (calls, reserved) = repeated_passes(name, "policy:cachalot", 8);
+        let (calls, reserved) = repeated_passes(name, "policy:cachalot", 10);
         println!(
             "{name}: driver calls per pass {calls:?}, then reserved {reserved:.4} x peak requested"
         );
-        // From the second pass, the training traces' fixed layout makes at
-        // most one call per 1000 operations; bert_dynamic, whose stream
-        // churns during the second pass, as few from the sixth.
-        let settled = if name == "bert_dynamic" { 5 } else { 1 };
-        let most = trace::load(name).len() as u64 / 1000;
+        // From the second pass, the training traces' fixed layout makes no
+        // driver call; bert_dynamic (inference over varying shapes), whose
+        // stream churns during the second pass, at most one per 1000
+        // operations from the eighth.
+        let (settled, most) = match name {
+            "bert_dynamic" => (7, trace::load(name).len() as u64 / 1000),
+            _ => (1, 0),
+        };
         if calls[settled..].iter().any(|c| *c > most) {
             failures.push(format!("{name}: {calls:?} driver calls per pass"));
         }
@@ -349,11 +352,11 @@ fn after_empty_cache_a_churning_stream_settles_again() {
     let (sim, alloc) = allocator("", true);
     let ops = trace::load("bert_dynamic");
     for round in 0..3 {
-        let calls: Vec<u64> = (0..8)
+        let calls: Vec<u64> = (0..10)
             .map(|_| counted_pass(&alloc, &sim, &ops, 0))
             .collect();
         println!("bert_dynamic, round {round} after empty_cache: {calls:?} driver calls");
-        assert_eq!(calls[6..], [0, 0], "round {round}: {calls:?}");
+        assert_eq!(calls[7..], [0, 0, 0], "round {round}: {calls:?}");
         alloc.empty_cache().expect("flushed");
         alloc.validate().expect("invariants hold");
     }

@@ -12,7 +12,10 @@
 //! * The small pool (with virtual memory) keeps freed blocks unmerged in
 //!   exact-size lists (`reuse`) for the next request of that size; they go
 //!   back into the heap (one large enough, when there are many) before any
-//!   page is mapped, on `empty_cache` and on out of memory. A churning
+//!   page is mapped, on `empty_cache`, on out of memory, and once nothing is
+//!   live on the stream (so that its next work is laid out from whole free
+//!   pages, as its first was: llama_train_bf16's second pass otherwise mapped
+//!   a small page its first did not need). A churning
 //!   stream's large pool (below) keeps its last 16 freed blocks the same way.
 //! * With virtual memory, a pool's region is one reserved virtual range of twice
 //!   the device's memory, and `cells` tracks its 2 MiB cells: which hold a
@@ -79,7 +82,7 @@
 //! 3.5% is less than a large block) does not re-map at every step: the GPU
 //! benchmark's threaded pattern (32 live blocks of 512 B to 20 MiB per thread)
 //! makes 6 driver calls per 100,000 operations instead of 58. Repeated passes of
-//! bert_dynamic make 4,698, 802, 122, 44 and 54 driver calls, then none,
+//! bert_dynamic make 4,698, 814, 10, 74, 36, 146 and 8 driver calls, then none,
 //! and reserve 1.202 times the peak requested bytes (PyTorch's
 //! expandable segments: 1.178, with no driver call after the first pass); a
 //! single pass, and every training trace, never reaches the trigger, so the

@@ -904,6 +904,7 @@ impl StreamState {
         let (addr, size) = (b.addr, b.size);
         if pool.keeps_freed() {
             pool.keep(id);
+            self.release_kept_if_empty();
             return;
         }
         if let Some(cells) = pool.cells.as_mut() {
@@ -915,12 +916,26 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
+        self.release_kept_if_empty();
         if let Some(keep) = self
             .config
             .threshold
             .filter(|_| !self.private && !pages.quiet())
         {
             self.keep_under(pages, p, keep);
+        }
+    }
+
+    /// Once nothing is allocated or pending on the stream, its kept blocks
+    /// (which hold their places only for the layout of the work under way)
+    /// merge back, so that the next work is laid out from whole free space.
+    fn release_kept_if_empty(&mut self) {
+        if self
+            .pools
+            .iter()
+            .all(|q| q.heap.live_count() == q.kept_count())
+        {
+            self.pools[0].release_kept();
         }
     }
 
