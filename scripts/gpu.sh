@@ -114,8 +114,8 @@ fi
 # the RMM wheels that scripts/build-gpu-bin.sh fetches); the Rust bench adds
 # reserved memory, the simulator's prediction, driver calls and cachalot's
 # thread scaling.
-passes=20; steps=50000; turns=${TURNS:-5}
-[ "$quick" = --quick ] && { passes=5; steps=5000; turns=3; }
+passes=20; steps=50000; window=100; turns=${TURNS:-5}
+[ "$quick" = --quick ] && { passes=5; steps=5000; window=20; turns=3; }
 plugin="$(dirname "$bin")/torch/libcachalot_torch.so"
 one_process=()
 [ -f "$plugin" ] && one_process=(--plugin "$plugin" --turns "$turns")
@@ -128,7 +128,8 @@ python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json"
   --rmm "$bin/rmm" "${one_process[@]}" || status=1
 section "5. benchmark: cachalot contenders (Rust)"
 if [ -x "$bin/gpu_bench" ]; then
-  "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps || status=1
+  "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps \
+    --window-ms $window || status=1
 else
   echo "skipped: no gpu_bench binary in $bin"
 fi

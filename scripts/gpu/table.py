@@ -133,14 +133,16 @@ def scaling_table(native, cachalot):
     apart = cachalot.get("scaling_sim_apart")
     if apart:
         rows.append(("cachalot policy, an allocator per thread (nothing shared), simulated device", apart))
-    print("\n| allocator | 1 thread | 2 threads | 4 threads | 8 threads | 8 / 1 | driver calls while timed (8 threads) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| allocator | 1 thread | 2 threads | 4 threads | 8 threads | 8 / 1 | 8 / 1 by round | driver calls while timed (8 threads) |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for name, s in rows:
         cells = [f"{_rate(s[t]):.2f}" if t in s else "-" for t in ("1", "2", "4", "8")]
         ratio = f"{_rate(s['8']) / _rate(s['1']):.2f}" if "1" in s and "8" in s else "-"
+        rounds = ", ".join(f"{r:.2f}" for r in s.get("ratios_8_1", [])) or "-"
         calls = s["8"].get("memory_calls", "-") if isinstance(s.get("8"), dict) else "-"
-        print(f"| {name} | {' | '.join(cells)} | {ratio} | {calls} |")
-    print("\n(ops per microsecond over all threads, each thread on its own stream)")
+        print(f"| {name} | {' | '.join(cells)} | {ratio} | {rounds} | {calls} |")
+    print("\n(ops per microsecond over all threads, each thread on its own stream; cachalot's rows:")
+    print("a timed window per run, the thread counts taking turns over five rounds, medians)")
 
 
 def main():

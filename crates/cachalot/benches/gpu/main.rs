@@ -6,14 +6,20 @@
 //! whole pass), the allocator's reserved bytes after the first pass, the device
 //! memory it took (cuMemGetInfo before and after the first pass), and what the
 //! simulator predicts for the same replay. Then the threaded pattern with 1, 2, 4
-//! and 8 threads, each on its own stream, after an untimed warm-up as long as
-//! the timed run (steady state, as for the passes): total operations per
-//! microsecond (the median of three runs) and the driver memory calls made
-//! while timed; then the same on the simulated device, the allocator alone
-//! without the driver; then the cachalot policy with an allocator per thread
-//! on the simulated device (nothing shared: the machine's own scaling).
+//! and 8 threads, each on its own stream, after an untimed warm-up of `--steps`
+//! steps per thread (steady state, as for the passes): every thread runs until
+//! the window (`--window-ms`) closes, and the figure is the operations all of
+//! them did over the time until the last stopped, in operations per
+//! microsecond, with the driver memory calls made while timed. A thread the
+//! host holds up does fewer operations instead of keeping the others' time
+//! running. The thread counts take turns, round after round (five rounds),
+//! so that the host's drifts reach every count alike; each count's figure is
+//! its median over the rounds, and each round's 8 / 1 is kept too. Then the
+//! same on the simulated device, the allocator alone without the driver; then
+//! the cachalot policy with an allocator per thread on the simulated device
+//! (nothing shared: the machine's own scaling).
 //!
-//! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]
+//! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--window-ms N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and exits 0.
 
 mod ops;
@@ -21,6 +27,7 @@ mod ops;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -40,8 +47,15 @@ struct Args {
     out: PathBuf,
     passes: usize,
     steps: u64,
+    window: Duration,
     threads: Vec<usize>,
 }
+
+/// Rounds of the threaded pattern, each running every thread count once.
+const ROUNDS: usize = 5;
+
+/// Steps a thread runs between looks at whether the window has closed.
+const BATCH: u64 = 512;
 
 fn parse_args() -> BoxResult<Args> {
     let mut args = Args {
@@ -49,6 +63,7 @@ fn parse_args() -> BoxResult<Args> {
         out: PathBuf::new(),
         passes: 20,
         steps: 50_000,
+        window: Duration::from_millis(100),
         threads: vec![1, 2, 4, 8],
     };
     let mut it = std::env::args().skip(1);
@@ -62,6 +77,7 @@ fn parse_args() -> BoxResult<Args> {
             "--out" => args.out = value.into(),
             "--passes" => args.passes = value.parse()?,
             "--steps" => args.steps = value.parse()?,
+            "--window-ms" => args.window = Duration::from_millis(value.parse()?),
             "--threads" => {
                 args.threads = value.split(',').map(str::parse).collect::<Result<_, _>>()?
             }
@@ -70,7 +86,7 @@ fn parse_args() -> BoxResult<Args> {
     }
     if args.ops.as_os_str().is_empty() || args.out.as_os_str().is_empty() || args.passes == 0 {
         return Err(
-            "usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--threads 1,2,4,8]"
+            "usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--window-ms N] [--threads 1,2,4,8]"
                 .into(),
         );
     }
@@ -179,15 +195,15 @@ fn replay(
     }))
 }
 
-/// Runs the threaded pattern on one thread's stream; returns operations done.
+/// Runs `steps` steps of the threaded pattern on one thread's stream;
+/// returns operations done.
 fn run_pattern(
     alloc: &dyn DeviceAllocator,
     stream: StreamId,
-    seed: u64,
+    lcg: &mut Lcg,
     steps: u64,
     live: &mut [u64],
 ) -> BoxResult<u64> {
-    let mut lcg = Lcg(seed);
     let mut done = 0;
     for _ in 0..steps {
         let r = lcg.next_draw();
@@ -241,13 +257,30 @@ enum Sharing {
     PerThread,
 }
 
-/// The threaded pattern with `threads` threads: total operations per
-/// microsecond, and the driver memory calls made while it was timed.
+/// Runs the threaded pattern in batches until `stop` is set; returns
+/// operations done.
+fn run_until(
+    alloc: &dyn DeviceAllocator,
+    stream: StreamId,
+    lcg: &mut Lcg,
+    stop: &AtomicBool,
+    live: &mut [u64],
+) -> BoxResult<u64> {
+    let mut done = 0;
+    while !stop.load(Ordering::Relaxed) {
+        done += run_pattern(alloc, stream, lcg, BATCH, live)?;
+    }
+    Ok(done)
+}
+
+/// The threaded pattern with `threads` threads (module docs): total
+/// operations per microsecond, and the driver memory calls made while it was
+/// timed.
 fn scaling(
     device: Device<'_>,
     policy: PolicyKind,
     threads: usize,
-    steps: u64,
+    args: &Args,
     sharing: Sharing,
 ) -> BoxResult<(f64, u64)> {
     let make = || -> BoxResult<_> {
@@ -265,6 +298,8 @@ fn scaling(
     };
     let calls_now = || -> u64 { allocs.iter().map(|(_, c)| c.counts().memory_calls()).sum() };
     let barrier = Arc::new(Barrier::new(threads + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let steps = args.steps;
     let gpu = match device {
         Device::Gpu(gpu) => Some(gpu.clone()),
         Device::Sim => None,
@@ -272,15 +307,15 @@ fn scaling(
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let alloc = allocs[t % allocs.len()].0.clone();
-            let (gpu, barrier) = (gpu.clone(), barrier.clone());
+            let (gpu, barrier, stop) = (gpu.clone(), barrier.clone(), stop.clone());
             std::thread::spawn(move || -> Result<(u64, Instant), String> {
                 let stream = thread_stream(gpu.as_ref(), t)?;
                 let mut live = vec![0u64; PATTERN_SLOTS as usize];
-                let warm = run_pattern(alloc.as_ref(), stream, t as u64 + 1, steps, &mut live);
+                let mut lcg = Lcg(t as u64 + 1);
+                let warm = run_pattern(alloc.as_ref(), stream, &mut lcg, steps, &mut live);
                 barrier.wait();
-                let done = warm.and_then(|_| {
-                    run_pattern(alloc.as_ref(), stream, t as u64 + 101, steps, &mut live)
-                });
+                let done = warm
+                    .and_then(|_| run_until(alloc.as_ref(), stream, &mut lcg, &stop, &mut live));
                 let end = Instant::now();
                 for p in live.into_iter().filter(|p| *p != 0) {
                     alloc.free(p).map_err(|e| e.to_string())?;
@@ -293,6 +328,8 @@ fn scaling(
     barrier.wait();
     let start = Instant::now();
     let calls_before = calls_now();
+    std::thread::sleep(args.window);
+    stop.store(true, Ordering::Relaxed);
     let (mut total, mut last) = (0u64, start);
     for h in handles {
         let (done, end) = h.join().map_err(|_| "a bench thread panicked")??;
@@ -307,7 +344,8 @@ fn scaling(
     Ok((total as f64 / (last - start).as_secs_f64() / 1e6, calls))
 }
 
-/// [`scaling`] three times per thread count; prints and returns the medians.
+/// [`scaling`] for every thread count, round after round (module docs);
+/// prints and returns each count's median and each round's 8 / 1.
 fn scaling_table(
     device: Device<'_>,
     key: &str,
@@ -320,15 +358,29 @@ fn scaling_table(
         (Device::Sim, Sharing::One) => " (simulated device)",
         (Device::Sim, Sharing::PerThread) => " (simulated device, an allocator per thread)",
     };
-    let mut by = BTreeMap::new();
-    for &threads in &args.threads {
-        let mut runs = Vec::new();
-        for _ in 0..3 {
-            runs.push(scaling(device, policy, threads, args.steps, sharing)?);
+    let mut rounds = vec![Vec::new(); args.threads.len()];
+    for _ in 0..ROUNDS {
+        for (i, &threads) in args.threads.iter().enumerate() {
+            rounds[i].push(scaling(device, policy, threads, args, sharing)?);
         }
+    }
+    let mut by = BTreeMap::new();
+    let count = |n: usize| args.threads.iter().position(|&t| t == n);
+    if let (Some(one), Some(eight)) = (count(1), count(8)) {
+        let ratios: Vec<f64> = (0..ROUNDS)
+            .map(|r| rounds[eight][r].0 / rounds[one][r].0)
+            .collect();
+        let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "scaling {key:18} 8 / 1 thread{place} by round: {}",
+            shown.join(", ")
+        );
+        by.insert("ratios_8_1".to_string(), json!(ratios));
+    }
+    for (&threads, mut runs) in args.threads.iter().zip(rounds) {
         let shown: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.0)).collect();
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (rate, calls) = runs[1];
+        let (rate, calls) = runs[ROUNDS / 2];
         println!(
             "scaling {key:18} {threads} threads{place}: {rate:.2} ops/us (median of {}), {calls} driver memory calls while timed",
             shown.join(", ")
