@@ -145,7 +145,7 @@
 //!
 //! `cachalot_reuse_slack` (default 0.035), `cachalot_churn_slack` (default 0.15;
 //! 0 keeps the tight budget for churning streams too), `cachalot_reuse_min_mb`
-//! (default 32), `cachalot_extent_mb` (default 32; 2 maps page by page) and
+//! (default 32), `cachalot_extent_mb` (default 64; 2 maps page by page) and
 //! `cachalot_release_threshold_mb` (default unlimited: cached pages stay mapped
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
