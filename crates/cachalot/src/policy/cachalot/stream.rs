@@ -926,9 +926,11 @@ impl StreamState {
         }
     }
 
-    /// Once nothing is allocated or pending on the stream, its kept blocks
-    /// (which hold their places only for the layout of the work under way)
-    /// merge back, so that the next work is laid out from whole free space.
+    /// Once nothing is allocated or pending on the stream, the small pool's
+    /// kept blocks (which hold their places only for the layout of the work
+    /// under way) merge back, so that the next work is laid out from whole
+    /// free space. A churning large pool keeps its own: they carry its layout
+    /// from one pass to the next (bert_dynamic's later passes settle on them).
     fn release_kept_if_empty(&mut self) {
         if self
             .pools
