@@ -899,14 +899,20 @@ impl StreamState {
     /// reuse or merged back into its heap.
     fn reclaim(&mut self, pages: &Pages, p: usize, id: BlockId) {
         self.unsynced = true;
+        if self.pools[p].keeps_freed() {
+            self.pools[p].keep(id);
+        } else {
+            self.merge_freed(pages, p, id);
+        }
+        self.release_kept_if_empty();
+    }
+
+    /// Merges freed block `id` back into pool `p`'s heap, then gives cached
+    /// memory back down to the release threshold, if one is set.
+    fn merge_freed(&mut self, pages: &Pages, p: usize, id: BlockId) {
         let pool = &mut self.pools[p];
         let b = pool.heap.block(id);
         let (addr, size) = (b.addr, b.size);
-        if pool.keeps_freed() {
-            pool.keep(id);
-            self.release_kept_if_empty();
-            return;
-        }
         if let Some(cells) = pool.cells.as_mut() {
             cells.release_mapped(cells.span(addr, size));
         }
@@ -916,7 +922,6 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, pool.heap.split_free());
         }
-        self.release_kept_if_empty();
         if let Some(keep) = self
             .config
             .threshold
