@@ -17,12 +17,11 @@
 //! read once per operation: the changes an allocation or a free makes under
 //! one hold of the lock share the stamp read at the first, as if the
 //! operation had made them all at that instant, which falls within it. The
-//! clock is
-//! one for the whole machine: a change that happens after another (on the same
-//! stream, or after any synchronization between threads) reads a later time,
-//! so ordering the changes by time, ties in any order, is an order in which
-//! they could have happened one by one (what PyTorch's device lock makes them
-//! do).
+//! clock is one for the whole machine: a change that happens after another
+//! (on the same stream, or after any synchronization between threads) reads a
+//! later time, so ordering the changes by time, ties in any order, is an
+//! order in which they could have happened one by one (what PyTorch's device
+//! lock makes them do).
 //!
 //! The journal cuts its changes into **chunks** of [`CHUNK`] changes and
 //! writes down, for each, the highest value every statistic reached in it
