@@ -150,6 +150,14 @@ fn randomized_with_virtual_memory() {
         true,
         "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0,cachalot_release_threshold_mb:8",
     );
+    // Page by page with no slack: pages move between cells and leave aliases.
+    for seed in [7, 8] {
+        randomized(
+            seed,
+            true,
+            "policy:cachalot,cachalot_reuse_slack:0,cachalot_reuse_min_mb:0,cachalot_extent_mb:2",
+        );
+    }
 }
 
 #[test]

@@ -356,7 +356,7 @@ impl Cells {
     }
 
     /// Whether an extent starts at `head` and no live block touches it.
-    fn is_cached_extent(&self, head: u32) -> bool {
+    pub(crate) fn is_cached_extent(&self, head: u32) -> bool {
         let n = self.heads[head as usize];
         n > 0 && (head..head + n).all(|c| self.is_cached(c))
     }

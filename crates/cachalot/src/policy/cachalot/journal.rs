@@ -108,6 +108,11 @@ impl Figures {
         }
     }
 
+    /// Bytes allocated now.
+    pub(crate) fn allocated_bytes(&self) -> u64 {
+        self.tally.current(Family::AllocatedBytes)[2] as u64
+    }
+
     /// Applies one change.
     #[inline(always)]
     pub(crate) fn apply(&mut self, change: Change) {

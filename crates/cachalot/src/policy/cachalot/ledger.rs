@@ -64,6 +64,11 @@ impl Ledger {
         self.figures.stats()
     }
 
+    /// Bytes this stream has allocated now.
+    pub(crate) fn allocated_bytes(&self) -> u64 {
+        self.figures.allocated_bytes()
+    }
+
     /// Sets every peak to its current value.
     pub(crate) fn reset_peak(&mut self) {
         self.figures.reset_peak();

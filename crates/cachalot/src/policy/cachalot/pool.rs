@@ -6,11 +6,14 @@
 //! call; only when none fits does it pick the lowest window needing the fewest
 //! new pages.
 
+use std::ops::Range;
+
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
 use crate::ipc::Backing;
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
+use super::aliases::Aliases;
 use super::cells::Cells;
 use super::heap::{BlockId, Heap, State};
 use super::ledger::Ledger;
@@ -63,6 +66,8 @@ pub(crate) struct Pool {
     pub(crate) heap: Heap,
     /// The cells of the reserved range (virtual memory only, once reserved).
     pub(crate) cells: Option<Cells>,
+    /// The mappings moved pages left behind in that range.
+    pub(crate) aliases: Aliases,
     range: Option<(u64, u64)>,
     /// Freed blocks kept for exact-size reuse (see [`Pool::keeps_freed`]).
     kept: Kept,
@@ -78,6 +83,7 @@ impl Pool {
             small,
             heap: Heap::default(),
             cells: None,
+            aliases: Aliases::default(),
             range: None,
             kept: if small {
                 Kept::Lists(Reuse::default())
@@ -328,7 +334,8 @@ impl Pool {
         Ok(())
     }
 
-    /// Maps `page`, `n` pages long, from `cell` on; the caller keeps the
+    /// Maps `page`, `n` pages long, from `cell` on, once the aliases there
+    /// are unmapped (the caller waited for its stream); the caller keeps the
     /// handle on failure.
     pub(crate) fn map_extent(
         &mut self,
@@ -338,32 +345,32 @@ impl Pool {
         n: u32,
         page: PageHandle,
     ) -> BackendResult<()> {
-        let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
+        let unsupported = BackendError::Unsupported {
             call: CallKind::Map,
             backend: "segments",
-        })?;
+        };
+        let cells = self.cells.as_ref().ok_or(unsupported)?;
         let addr = cells.addr(cell);
+        for c in cell..cell + n {
+            if self.aliases.at(c).is_some() {
+                self.unmap_alias(pages, c)?;
+            }
+        }
         pages.backend().map(addr, page)?;
-        let runs = cells.runs();
-        cells.install(cell, n, page);
-        ledger.mapped(
-            self.small,
-            addr,
-            u64::from(n) * cells.granularity(),
-            cells.runs() as i64 - runs as i64,
-        );
+        self.install(ledger, cell, n, page);
         Ok(())
     }
 
-    /// Unmaps the extent starting at `head`, which no live block touches;
-    /// returns its handle and length in pages.
+    /// Unmaps the extent starting at `head`, which no live block touches,
+    /// and the aliases of its handle; returns its handle and length in
+    /// pages.
     pub(crate) fn unmap_extent(
         &mut self,
         pages: &Pages,
         ledger: &mut Ledger,
         head: u32,
     ) -> BackendResult<(PageHandle, u32)> {
-        let cells = self.cells.as_mut().ok_or(BackendError::Unsupported {
+        let cells = self.cells.as_ref().ok_or(BackendError::Unsupported {
             call: CallKind::Unmap,
             backend: "segments",
         })?;
@@ -372,17 +379,103 @@ impl Pool {
             call: CallKind::Unmap,
             reason: format!("no unused extent starts at {addr:#x}"),
         };
-        let n = cells
+        let extent = cells
             .extent(head)
-            .filter(|e| e.start == head)
-            .ok_or_else(not_idle)?
-            .len();
-        let bytes = n as u64 * cells.granularity();
+            .filter(|e| e.start == head && cells.is_cached_extent(head))
+            .ok_or_else(not_idle)?;
+        let n = extent.len() as u32;
+        if let Some(page) = cells.page(head) {
+            while let Some(c) = self.aliases.first_of(page) {
+                self.unmap_alias(pages, c)?;
+            }
+        }
+        let bytes = u64::from(n) * self.granularity();
         pages.backend().unmap(addr, bytes)?;
+        self.uninstall(ledger, head).ok_or_else(not_idle)
+    }
+
+    /// Takes the cached one-page extent at `head` off its cell without a
+    /// call: the cell keeps mapping it, as an alias once the caller maps the
+    /// page elsewhere ([`Pool::moved`]). Its handle, or `None` when `head`
+    /// is not such an extent.
+    pub(crate) fn detach(&mut self, ledger: &mut Ledger, head: u32) -> Option<PageHandle> {
+        let cells = self.cells.as_ref()?;
+        if cells.extent(head) != Some(head..head + 1) {
+            return None;
+        }
+        self.uninstall(ledger, head).map(|(page, _)| page)
+    }
+
+    /// Records that `page`, detached from `from`, is now mapped at `to`.
+    pub(crate) fn moved(&mut self, page: PageHandle, from: u32, to: u32) {
+        self.aliases.moved(page, from, to);
+    }
+
+    /// Puts a detached `page` back at `from`, which still maps it (mapping
+    /// it elsewhere failed).
+    pub(crate) fn reattach(&mut self, ledger: &mut Ledger, page: PageHandle, from: u32) {
+        self.install(ledger, from, 1, page);
+    }
+
+    /// Maps `cell`, an alias whose page is cached at its owner (outside
+    /// `keep`), by moving the page back: no call. Whether it did.
+    pub(crate) fn adopt(&mut self, ledger: &mut Ledger, cell: u32, keep: &Range<u32>) -> bool {
+        let Some((page, owner)) = self.adoptable(cell, keep) else {
+            return false;
+        };
+        self.uninstall(ledger, owner);
+        self.install(ledger, cell, 1, page);
+        self.aliases.moved(page, owner, cell);
+        true
+    }
+
+    /// The page and owner of `cell` when it is an alias whose page is cached
+    /// at its owner, outside `keep` (see [`Pool::adopt`]).
+    pub(crate) fn adoptable(&self, cell: u32, keep: &Range<u32>) -> Option<(PageHandle, u32)> {
+        let page = self.aliases.at(cell)?;
+        let owner = self.aliases.owner(page)?;
+        let cached = self.cells.as_ref()?.is_cached_extent(owner);
+        (cached && !keep.contains(&owner)).then_some((page, owner))
+    }
+
+    /// Whether a cell of `span` is an alias (mapping it unmaps the alias).
+    pub(crate) fn has_aliases_in(&self, span: Range<u32>) -> bool {
+        self.aliases.any_in(span)
+    }
+
+    /// Unmaps the alias at `cell`.
+    fn unmap_alias(&mut self, pages: &Pages, cell: u32) -> BackendResult<()> {
+        let addr = self.cells.as_ref().map_or(0, |c| c.addr(cell));
+        pages.backend().unmap(addr, self.granularity())?;
+        self.aliases.forget(cell);
+        Ok(())
+    }
+
+    /// Records `page`, `n` pages long, as mapped from `cell` on.
+    fn install(&mut self, ledger: &mut Ledger, cell: u32, n: u32, page: PageHandle) {
+        let cells = self.cells.as_mut().expect("mapped pools have cells");
         let runs = cells.runs();
-        let extent = cells.uninstall(head).ok_or_else(not_idle)?;
-        ledger.unmapped(self.small, addr, bytes, cells.runs() as i64 - runs as i64);
-        Ok(extent)
+        cells.install(cell, n, page);
+        let bytes = u64::from(n) * cells.granularity();
+        let joined = cells.runs() as i64 - runs as i64;
+        ledger.mapped(self.small, cells.addr(cell), bytes, joined);
+    }
+
+    /// Records the unused extent at `head` as unmapped: its handle and
+    /// length.
+    fn uninstall(&mut self, ledger: &mut Ledger, head: u32) -> Option<(PageHandle, u32)> {
+        let cells = self.cells.as_mut()?;
+        let runs = cells.runs();
+        let (page, n) = cells.uninstall(head)?;
+        let bytes = u64::from(n) * cells.granularity();
+        let split = cells.runs() as i64 - runs as i64;
+        ledger.unmapped(self.small, cells.addr(head), bytes, split);
+        Some((page, n))
+    }
+
+    /// The cell size (with pages).
+    fn granularity(&self) -> u64 {
+        self.cells.as_ref().map_or(1, Cells::granularity)
     }
 
     /// Unmaps and releases the unused extents that meet `span` (after a
@@ -579,6 +672,57 @@ mod tests {
         assert_eq!((p.at, p.unmapped), (base, 0));
         let p = pool.place(3 * G).unwrap();
         assert_eq!(p.unmapped, 1, "one page short of the two mapped ones");
+    }
+
+    #[test]
+    fn a_moved_page_leaves_an_alias_and_comes_back_without_a_call() {
+        use crate::backend::counting::Counting;
+        let sim = Arc::new(crate::backend::sim::SimBackend::with_options(1 << 30, true));
+        let counted = Arc::new(Counting::new(sim.clone()));
+        let pages = Pages::new(counted.clone());
+        let mut ledger = Ledger::new(
+            crate::MemoryStats::new(None),
+            crate::StreamId(0),
+            std::time::Instant::now(),
+        );
+        let mut pool = Pool::new(false, false);
+        pool.ensure_range(&pages, 64 * G).unwrap();
+        for cell in [0, 1] {
+            let page = pages.create_pages(1).unwrap();
+            pool.map_extent(&pages, &mut ledger, cell, 1, page).unwrap();
+        }
+        let calls = |kind| counted.counts().count(kind);
+        let check = |pool: &Pool| pool.aliases.check(pool.cells.as_ref().unwrap());
+        // Cell 0's page moves to cell 5: one map, no unmap.
+        let page = pool.detach(&mut ledger, 0).unwrap();
+        pool.map_extent(&pages, &mut ledger, 5, 1, page).unwrap();
+        pool.moved(page, 0, 5);
+        assert_eq!((calls(CallKind::Map), calls(CallKind::Unmap)), (3, 0));
+        assert_eq!(pool.aliases.at(0), Some(page));
+        check(&pool).unwrap();
+        // Back to cell 0 while cached at cell 5: no call; 5 is the alias now.
+        assert!(pool.adoptable(0, &(5..6)).is_none(), "its owner is kept");
+        assert!(pool.adopt(&mut ledger, 0, &(0..1)));
+        assert_eq!((calls(CallKind::Map), calls(CallKind::Unmap)), (3, 0));
+        assert_eq!(pool.cells.as_ref().unwrap().page(0), Some(page));
+        assert_eq!(pool.aliases.at(5), Some(page));
+        assert_eq!(pool.aliases.at(0), None);
+        check(&pool).unwrap();
+        assert_eq!(ledger.stats().reserved_bytes.all.current, 2 * G as i64);
+        // Another page over the alias unmaps it first.
+        let other = pages.create_pages(1).unwrap();
+        pool.map_extent(&pages, &mut ledger, 5, 1, other).unwrap();
+        assert_eq!(calls(CallKind::Unmap), 1);
+        assert_eq!(pool.aliases.at(5), None);
+        check(&pool).unwrap();
+        // Giving everything back unmaps the aliases too: nothing is left.
+        let page = pool.detach(&mut ledger, 1).unwrap();
+        pool.map_extent(&pages, &mut ledger, 9, 1, page).unwrap();
+        pool.moved(page, 1, 9);
+        pool.release_cached(&pages, &mut ledger, 0).unwrap();
+        pool.release_range_if_empty(&pages).unwrap();
+        assert_eq!(sim.live_objects(), 0);
+        assert_eq!(ledger.stats().reserved_bytes.all.current, 0);
     }
 
     #[test]

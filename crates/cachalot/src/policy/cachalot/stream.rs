@@ -58,6 +58,7 @@ use crate::error::FreeError;
 use crate::ipc::Backing;
 use crate::snapshot::SegmentInfo;
 
+use super::cells::Cells;
 use super::directory::RangeTable;
 use super::heap::{BlockId, State};
 use super::ledger::Ledger;
@@ -66,9 +67,12 @@ use super::pages::Pages;
 use super::pool::RECENT;
 use super::pool::{Placement, Pool, SMALL_MAX};
 
-/// Without virtual memory, how far (a fraction) reserved bytes may exceed the
-/// peak of active bytes before idle segments are freed ahead of a new one.
-const SEGMENT_SLACK: f64 = 0.05;
+/// How far (a fraction) reserved bytes may exceed the peak of active bytes
+/// before idle segments are freed ahead of a new one (without virtual
+/// memory), or of allocated bytes before cached pages are re-mapped instead
+/// of new ones made, whatever `cachalot_reuse_slack` allows (with pages,
+/// unless the stream churns or its pages in use leave no room).
+const WASTE_SLACK: f64 = 0.05;
 
 /// At a new peak of pages in use, the share of that peak by which the
 /// stream's mapped pages may exceed it before the other pool's idle pages go
@@ -136,6 +140,9 @@ pub(crate) struct StreamState {
     spare_events: Vec<EventId>,
     /// The most pages this stream ever had in use at once.
     peak_in_use: u64,
+    /// The most bytes it had allocated at such a peak (the block then
+    /// placed included).
+    peak_bytes: u64,
     /// Pages re-mapped since `peak_in_use` last grew.
     remaps: u64,
     /// Allocations since `peak_in_use` last grew.
@@ -187,6 +194,7 @@ impl StreamState {
             unrecorded: 0,
             spare_events: Vec::new(),
             peak_in_use: 0,
+            peak_bytes: 0,
             remaps: 0,
             allocations: 0,
             churning: false,
@@ -256,7 +264,7 @@ impl StreamState {
             Some(place) if place.unmapped == 0 => {
                 let cells = self.pools[p].cells.as_mut().expect("a range has cells");
                 cells.acquire_mapped(cells.span(place.at, size));
-                self.note_in_use();
+                self.note_in_use(size);
                 Ok(self.carve(p, place, size, requested))
             }
             first => self.malloc_mapping(pages, p, first, size, requested),
@@ -306,7 +314,7 @@ impl StreamState {
         } else {
             cells.acquire(span.clone());
         }
-        let peaked = self.note_in_use();
+        let peaked = self.note_in_use(size);
         if place.unmapped > 0 {
             if let Err(e) = self.map_missing(pages, p, &place, size, peaked) {
                 self.pools[p]
@@ -350,7 +358,7 @@ impl StreamState {
             self.ledger
                 .splits_changed(p == 0, before, self.pools[p].heap.split_free());
         }
-        self.note_in_use();
+        self.note_in_use(size);
         self.ledger.allocated(p == 0, at, size, requested);
         self.ledger.flush();
         Ok(())
@@ -365,13 +373,16 @@ impl StreamState {
         place.at
     }
 
-    /// Records a new peak of pages in use, if this is one (and restarts the
-    /// churn counts); returns whether it was.
-    fn note_in_use(&mut self) -> bool {
+    /// Records a new peak of pages in use, if this is one once a block of
+    /// `size` bytes is placed (and restarts the churn counts); returns
+    /// whether it was.
+    fn note_in_use(&mut self, size: u64) -> bool {
         let in_use = self.in_use();
         let peaked = in_use > self.peak_in_use;
         if peaked {
             self.peak_in_use = in_use;
+            let bytes = self.ledger.allocated_bytes() + size;
+            self.peak_bytes = self.peak_bytes.max(bytes);
             self.remaps = 0;
             self.allocations = 0;
         }
@@ -458,7 +469,7 @@ impl StreamState {
     fn over_budget(&self, size: u64) -> bool {
         let s = self.ledger.stats();
         let active = (s.active_bytes.all.current as u64 + size).max(s.active_bytes.all.peak as u64);
-        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + SEGMENT_SLACK) * active as f64
+        (s.reserved_bytes.all.current as u64 + size) as f64 > (1.0 + WASTE_SLACK) * active as f64
     }
 
     fn in_use(&self) -> u64 {
@@ -502,11 +513,22 @@ impl StreamState {
             // stream (whose layout keeps changing).
             let end = own.end.min((cell / group_len + 1) * group_len);
             let run = match own.contains(&cell) && !self.churning {
-                true => (cell..end).find(|c| cells.is_mapped(*c)).unwrap_or(end) - cell,
+                true => {
+                    let pool = &self.pools[p];
+                    let adopting = !self.churning && self.may_steal(pages);
+                    let stop = |c: &u32| {
+                        cells.is_mapped(*c) || adopting && pool.adoptable(*c, &span).is_some()
+                    };
+                    (cell..end).find(stop).unwrap_or(end) - cell
+                }
                 false => 1,
             };
+            if self.adopt(pages, p, cell, &span) {
+                cell += 1;
+                continue;
+            }
             if let Some(handle) = self.new_extent(pages, p, run, &span)? {
-                self.map_new(pages, p, cell, run, handle)?;
+                self.map_new(pages, p, cell, run, (handle, None))?;
                 cell += run;
                 continue;
             }
@@ -517,23 +539,56 @@ impl StreamState {
         Ok(())
     }
 
-    /// Maps `handle`, ours and `n` pages long, from `cell` on; releases it
-    /// if that fails.
+    /// Maps `handle`, ours and `n` pages long, from `cell` on (after a wait
+    /// for the stream when aliases there must be unmapped). `from`: the cell
+    /// of pool `p` it was detached from, which still maps it (see
+    /// [`Pool::detach`]); if mapping fails, the handle goes back there, or
+    /// to the device when it came from none.
     fn map_new(
         &mut self,
         pages: &Pages,
         p: usize,
         cell: u32,
         n: u32,
-        handle: PageHandle,
+        (handle, from): (PageHandle, Option<u32>),
     ) -> BackendResult<()> {
-        let mapped = self.pools[p].map_extent(pages, &mut self.ledger, cell, n, handle);
-        if mapped.is_err() {
+        let span = cell..cell + n;
+        let mut mapped = Ok(());
+        if self.pools[p].has_aliases_in(span) {
+            mapped = self.quiesce(pages);
+        }
+        mapped = mapped.and_then(|()| {
+            let pool = &mut self.pools[p];
+            pool.map_extent(pages, &mut self.ledger, cell, n, handle)
+        });
+        match (&mapped, from) {
+            (Ok(()), Some(from)) => self.pools[p].moved(handle, from, cell),
+            (Ok(()), None) => {}
+            // The page is still mapped where it was: it goes back there.
+            (Err(_), Some(from)) => self.pools[p].reattach(&mut self.ledger, handle, from),
             // A failed release leaves nothing better to do than report the
             // map's error.
-            let _ = pages.release_pages(handle, n);
+            (Err(_), None) => {
+                let _ = pages.release_pages(handle, n);
+            }
         }
         mapped
+    }
+
+    /// Maps `cell` of pool `p` by moving back the page it still maps, when
+    /// that page is cached at its owner outside `keep`: no call (see
+    /// [`Pool::adopt`]). Whether it did. Not in a churning stream: its raised
+    /// budget is there for its layout to settle on mapped pages, and pages
+    /// moving about kept bert_dynamic's from settling (16 to 344 driver calls
+    /// a pass from the third to the ninth, instead of none from the seventh).
+    fn adopt(&mut self, pages: &Pages, p: usize, cell: u32, keep: &Range<u32>) -> bool {
+        if self.churning || !self.may_steal(pages) {
+            return false;
+        }
+        self.note_remaps();
+        let adopted = self.pools[p].adopt(&mut self.ledger, cell, keep);
+        self.remaps += u64::from(adopted);
+        adopted
     }
 
     /// One new handle of `n` (more than one) pages for cells of pool `p`
@@ -596,13 +651,32 @@ impl StreamState {
     }
 
     /// A page to map: a cached one re-mapped when this stream already holds its
-    /// budget (or the device is full), else a new one.
+    /// budget (or the device is full), else a new one; with the cell of pool
+    /// `p` it was detached from, if it was.
     fn obtain_page(
         &mut self,
         pages: &Pages,
         p: usize,
         keep: &Range<u32>,
-    ) -> BackendResult<PageHandle> {
+    ) -> BackendResult<(PageHandle, Option<u32>)> {
+        self.note_remaps();
+        let may_steal = self.may_steal(pages);
+        if may_steal && self.mapped() >= self.budget() {
+            if let Some(page) = self.steal(pages, p, keep)? {
+                self.remaps += 1;
+                return Ok(page);
+            }
+        }
+        match pages.create_pages(1) {
+            Ok(page) => Ok((page, None)),
+            Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Starts churning once the stream re-mapped enough pages (see the
+    /// module docs).
+    fn note_remaps(&mut self) {
         let mapped = self.mapped();
         if !self.churning
             && self.remaps >= CHURN_REMAPS * mapped.max(1)
@@ -610,17 +684,6 @@ impl StreamState {
             && self.remaps * CHURN_RATE >= self.allocations
         {
             self.start_churning();
-        }
-        let may_steal = self.may_steal(pages);
-        if may_steal && mapped >= self.budget() {
-            if let Some(page) = self.steal(pages, p, keep)? {
-                self.remaps += 1;
-                return Ok(page);
-            }
-        }
-        match pages.create_pages(1) {
-            Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
-            other => other,
         }
     }
 
@@ -641,13 +704,19 @@ impl StreamState {
     /// `empty_cache`: 16 to 404 driver calls a pass instead of none).
     fn start_afresh(&mut self) {
         self.peak_in_use = self.in_use();
+        self.peak_bytes = self.ledger.allocated_bytes();
         self.remaps = 0;
         self.allocations = 0;
         self.churning = false;
         self.pools[1].stop_keeping();
     }
 
-    /// Pages this stream may hold before it re-maps cached ones.
+    /// Pages this stream may hold before it re-maps cached ones: its peak
+    /// of pages in use and the slack (the churn slack too while it churns),
+    /// at least `cachalot_reuse_min_mb` over that peak; a stream whose slack
+    /// exceeds that floor (a large one) and is not raised for churning holds no more
+    /// than [`WASTE_SLACK`] over its peak of allocated bytes, where its pages
+    /// in use leave room.
     fn budget(&self) -> u64 {
         let churn = if self.churning {
             self.config.churn_slack
@@ -656,23 +725,57 @@ impl StreamState {
         };
         let slack = self.config.slack + churn;
         let scaled = ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64;
-        scaled.max(self.peak_in_use + self.config.min_pages)
+        let floor = self.peak_in_use + self.config.min_pages;
+        match scaled >= floor && churn == 0.0 {
+            true => scaled.min(self.waste_cap().max(self.peak_in_use)),
+            false => scaled.max(floor),
+        }
     }
 
-    /// Unmaps the coldest cached extent of this stream outside `keep`, for a
-    /// page: the extent's handle if it is one page long, else (a handle maps
-    /// only whole) a new page once the extent went back to the device.
+    /// The pages that come to [`WASTE_SLACK`] over the stream's peak of
+    /// allocated bytes.
+    fn waste_cap(&self) -> u64 {
+        let g = self
+            .pools
+            .iter()
+            .find_map(|p| p.cells.as_ref())
+            .map_or(1, Cells::granularity);
+        ((1.0 + WASTE_SLACK) * self.peak_bytes as f64 / g as f64) as u64
+    }
+
+    /// The coldest cached extent of this stream outside `keep`, for a page:
+    /// a one-page handle of pool `p` detached from its cell (which keeps
+    /// mapping it: no call), one of the other pool's unmapped, or (a handle
+    /// maps only whole) a new page once a larger extent went back to the
+    /// device; with the cell the page was detached from.
     fn steal(
         &mut self,
         pages: &Pages,
         p: usize,
         keep: &Range<u32>,
-    ) -> BackendResult<Option<PageHandle>> {
-        match self.unmap_coldest(pages, p, keep, 1)? {
-            Some((handle, 1)) => Ok(Some(handle)),
+    ) -> BackendResult<Option<(PageHandle, Option<u32>)>> {
+        let head = self.pools[p]
+            .cells
+            .as_mut()
+            .and_then(|c| c.coldest(keep, 1));
+        if let Some(head) = head {
+            if let Some(page) = self.pools[p].detach(&mut self.ledger, head) {
+                return Ok(Some((page, Some(head))));
+            }
+        }
+        let found = match head {
+            Some(head) => {
+                self.quiesce(pages)?;
+                let pool = &mut self.pools[p];
+                Some(pool.unmap_extent(pages, &mut self.ledger, head)?)
+            }
+            None => self.unmap_coldest_in(pages, 1 - p, &(0..0), 1)?,
+        };
+        match found {
+            Some((handle, 1)) => Ok(Some((handle, None))),
             Some((handle, n)) => {
                 pages.release_pages(handle, n)?;
-                pages.create_pages(1).map(Some)
+                pages.create_pages(1).map(|h| Some((h, None)))
             }
             None => Ok(None),
         }

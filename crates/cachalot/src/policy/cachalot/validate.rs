@@ -190,6 +190,7 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
     }
     if let Some(cells) = &pool.cells {
         cells.check(|s| users.get(&s).copied().unwrap_or(0))?;
+        pool.aliases.check(cells)?;
     }
     Ok(sums)
 }
