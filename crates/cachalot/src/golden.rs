@@ -203,13 +203,19 @@ pub fn check(entry: &GoldenEntry, capacity: u64) -> Outcome {
         .filter(|_| entry.ops.is_none())
         .unwrap_or(capacity);
     let sim = SimBackend::new(capacity).with_address_order(AddressOrder::Descending);
-    check_on(entry, Arc::new(sim))
+    check_on(entry, Arc::new(sim), &SIM_STREAMS)
 }
 
+/// The streams a program's stream indices 1 and 2 stand for on the
+/// simulated device (which knows every stream id).
+const SIM_STREAMS: [StreamId; 2] = [StreamId(0x5001), StreamId(0x5002)];
+
 /// Replays one entry through a fresh `pytorch` allocator on `backend` (a real GPU,
-/// say). The out-of-memory entry needs a device of the entry's `total_memory`
-/// bytes to reproduce PyTorch's figures.
-pub fn check_on(entry: &GoldenEntry, backend: Arc<dyn Backend>) -> Outcome {
+/// say), a program's stream index `i` (from 1) standing for `streams[i - 1]`
+/// (streams of that backend; index 0 is the default stream). The
+/// out-of-memory entry needs a device of the entry's `total_memory` bytes to
+/// reproduce PyTorch's figures.
+pub fn check_on(entry: &GoldenEntry, backend: Arc<dyn Backend>, streams: &[StreamId]) -> Outcome {
     let mut out = Outcome {
         name: entry.name.clone(),
         ..Outcome::default()
@@ -223,7 +229,7 @@ pub fn check_on(entry: &GoldenEntry, backend: Arc<dyn Backend>) -> Outcome {
         Err(e) => return failed(out, "allocator", "created", &e.to_string()),
     };
     match &entry.ops {
-        Some(ops) => replay(&alloc, ops, entry, &mut out),
+        Some(ops) => replay(&alloc, ops, entry, streams, &mut out),
         None => check_oom(&alloc, entry, &mut out),
     }
     out
@@ -250,17 +256,30 @@ struct Held {
     /// the capturing stream when the first live graph begins its capture, and
     /// frees when the last live graph is destroyed.
     rng: Option<(DevicePtr, DevicePtr)>,
+    /// The streams of stream indices 1, 2, ...
+    streams: Vec<StreamId>,
 }
 
 /// The c10 ids of the recording's streams: the default stream, then the
 /// first two `torch.cuda.Stream()`s of the process.
 const C10_STREAM_IDS: [u64; 3] = [0, 3, 35];
 
-fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut Outcome) {
+fn replay(
+    alloc: &PytorchAllocator,
+    ops: &[Op],
+    entry: &GoldenEntry,
+    streams: &[StreamId],
+    out: &mut Outcome,
+) {
+    let mut held = Held {
+        streams: streams.to_vec(),
+        ..Held::default()
+    };
     for (i, id) in C10_STREAM_IDS.iter().enumerate() {
-        alloc.set_stream_hash(stream(i as u64), c10_stream_hash(0, *id));
+        if let Ok(s) = stream(streams, i as u64) {
+            alloc.set_stream_hash(s, c10_stream_hash(0, *id));
+        }
     }
-    let mut held = Held::default();
     for (i, op) in ops.iter().enumerate() {
         out.ops += 1;
         if let Err(e) = step(alloc, op, &mut held) {
@@ -279,17 +298,19 @@ fn replay(alloc: &PytorchAllocator, ops: &[Op], entry: &GoldenEntry, out: &mut O
     }
 }
 
-/// The stream of a program's stream index (0: the default stream).
-fn stream(index: u64) -> StreamId {
-    if index == 0 {
-        StreamId::DEFAULT
-    } else {
-        StreamId(0x5000 + index)
+/// The stream of a program's stream index (0: the default stream; `i`:
+/// `streams[i - 1]`).
+fn stream(streams: &[StreamId], index: u64) -> Result<StreamId, Error> {
+    match index {
+        0 => Ok(StreamId::DEFAULT),
+        i => streams.get(i as usize - 1).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!("stream index {i} past the replay's streams"))
+        }),
     }
 }
 
 fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error> {
-    let live = &mut held.live;
+    let (live, streams) = (&mut held.live, &held.streams);
     let tensor = |id: u64| {
         live.get(&id)
             .copied()
@@ -297,7 +318,7 @@ fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error>
     };
     match op.name.as_str() {
         "alloc" => {
-            let p = alloc.malloc(op.arg(1), stream(op.arg(2)))?;
+            let p = alloc.malloc(op.arg(1), stream(streams, op.arg(2))?)?;
             live.insert(op.arg(0), p);
             Ok(())
         }
@@ -306,7 +327,7 @@ fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error>
             live.remove(&op.arg(0));
             alloc.free(p)
         }
-        "record" => alloc.record_stream(tensor(op.arg(0))?, stream(op.arg(1))),
+        "record" => alloc.record_stream(tensor(op.arg(0))?, stream(streams, op.arg(1))?),
         "empty_cache" => alloc.empty_cache(),
         "reset_peak" => {
             alloc.reset_peak_stats();
@@ -341,7 +362,7 @@ fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error>
             alloc.empty_pool_cache(pool)
         }
         "capture_begin" => {
-            let on = stream(op.arg(2));
+            let on = stream(&held.streams, op.arg(2))?;
             if held.graphs == 0 {
                 held.rng = Some((alloc.malloc(8, on)?, alloc.malloc(8, on)?));
             }

@@ -57,8 +57,13 @@ fn golden_parity_on_the_gpu() {
                 skipped += 1;
                 continue;
             }
-            let backend: Arc<dyn Backend> = Arc::new(CudaBackend::new(0).expect("GPU"));
-            let outcome = golden::check_on(&entry, backend);
+            let gpu = Arc::new(CudaBackend::new(0).expect("GPU"));
+            let streams = [0; 2].map(|_| gpu.create_stream().expect("a stream"));
+            let backend: Arc<dyn Backend> = gpu.clone();
+            let outcome = golden::check_on(&entry, backend, &streams);
+            for s in streams {
+                gpu.destroy_stream(s).expect("stream destroyed");
+            }
             let simulated = golden::check(&entry, total);
             if format!("{:?}", outcome.mismatches) != format!("{:?}", simulated.mismatches) {
                 differ += 1;

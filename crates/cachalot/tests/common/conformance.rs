@@ -22,6 +22,11 @@ pub fn set_side_stream(stream: StreamId) {
     SIDE_STREAM.set(stream);
 }
 
+/// The side stream the checks on this thread use.
+pub fn side_stream() -> StreamId {
+    SIDE_STREAM.get()
+}
+
 fn valid(a: &dyn DeviceAllocator) {
     if let Err(e) = a.validate() {
         panic!("{e}");

@@ -9,9 +9,13 @@ use cachalot::{DeviceAllocator, Error, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
-const S1: StreamId = StreamId(11);
 const GRAPH: PoolId = PoolId(1, 0);
 const MEMPOOL: PoolId = PoolId(0, 1);
+
+/// The side stream (one of the device's own on a real GPU).
+fn s1() -> StreamId {
+    super::conformance::side_stream()
+}
 
 fn valid(a: &dyn DeviceAllocator) {
     if let Err(e) = a.validate() {
@@ -37,9 +41,9 @@ fn pool_of(a: &dyn DeviceAllocator, ptr: u64) -> PoolId {
 /// freed blocks serve neither the default pools nor another pool, and its
 /// memory outlives `empty_cache` until the last use is released.
 pub fn private_pool_serves_only_its_routes(a: &dyn DeviceAllocator) {
-    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
-    let in_pool = a.malloc(30 * MIB, S1).unwrap();
-    let small_in_pool = a.malloc(1000, S1).unwrap();
+    a.begin_allocate_to_pool(GRAPH, only(s1())).unwrap();
+    let in_pool = a.malloc(30 * MIB, s1()).unwrap();
+    let small_in_pool = a.malloc(1000, s1()).unwrap();
     let outside = a.malloc(30 * MIB, S0).unwrap();
     valid(a);
     assert_eq!(pool_of(a, in_pool), GRAPH);
@@ -61,7 +65,7 @@ pub fn private_pool_serves_only_its_routes(a: &dyn DeviceAllocator) {
     a.end_allocate_to_pool(GRAPH).unwrap();
     assert!(a.pool_allocations(GRAPH).unwrap().is_empty());
     // The pool's cached block is not the default pools' to take.
-    let after = a.malloc(30 * MIB, S1).unwrap();
+    let after = a.malloc(30 * MIB, s1()).unwrap();
     assert_eq!(pool_of(a, after), PoolId::DEFAULT);
     a.free(after).unwrap();
     a.free(outside).unwrap();
@@ -137,11 +141,11 @@ pub fn pool_use_counts_and_misuse(a: &dyn DeviceAllocator) {
 /// active until the route closes and the next allocation (or `empty_cache`)
 /// completes it.
 pub fn frees_during_capture_wait_for_its_end(a: &dyn DeviceAllocator) {
-    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
-    let p = a.malloc(4 * MIB, S1).unwrap();
+    a.begin_allocate_to_pool(GRAPH, only(s1())).unwrap();
+    let p = a.malloc(4 * MIB, s1()).unwrap();
     a.record_stream(p, S0).unwrap();
     a.free(p).unwrap();
-    let q = a.malloc(4 * MIB, S1).unwrap();
+    let q = a.malloc(4 * MIB, s1()).unwrap();
     assert_ne!(q, p, "a block awaiting its streams is not reused");
     assert!(a.stats().active_bytes.all.current >= 8 * MIB as i64);
     valid(a);
@@ -224,14 +228,14 @@ pub fn no_split_pools_keep_allocations_apart(a: &dyn DeviceAllocator) {
 /// layout changed, gives the same allocations at the same addresses and
 /// frees the others.
 pub fn restore_pool_puts_allocations_back(a: &dyn DeviceAllocator) {
-    a.begin_allocate_to_pool(GRAPH, only(S1)).unwrap();
-    let x = a.malloc(3 * MIB, S1).unwrap();
-    let y = a.malloc(700, S1).unwrap();
-    let z = a.malloc(5 * MIB, S1).unwrap();
+    a.begin_allocate_to_pool(GRAPH, only(s1())).unwrap();
+    let x = a.malloc(3 * MIB, s1()).unwrap();
+    let y = a.malloc(700, s1()).unwrap();
+    let z = a.malloc(5 * MIB, s1()).unwrap();
     let checkpoint: Vec<PoolAllocation> = a.pool_allocations(GRAPH).unwrap();
     a.free(x).unwrap();
     a.free(z).unwrap();
-    let w = a.malloc(8 * MIB, S1).unwrap();
+    let w = a.malloc(8 * MIB, s1()).unwrap();
     a.end_allocate_to_pool(GRAPH).unwrap();
     let mut freed = a.restore_pool(GRAPH, &checkpoint).unwrap();
     freed.sort_unstable();
