@@ -21,6 +21,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -368,7 +369,10 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       return;
     }
     contexts_.on_free(ptr);
-    track(TraceEntry::FREE_REQUESTED, c10::cuda::current_device(), ptr, 0, nullptr);
+    // Asked only when tracked: at exit, with CUDA going away, asking throws.
+    if (has_trackers_.load(std::memory_order_relaxed)) {
+      track(TraceEntry::FREE_REQUESTED, c10::cuda::current_device(), ptr, 0, nullptr);
+    }
     char* message = nullptr;
     if (cachalot_free_any(ptr, &message) != kOk) {
       std::string text = take(message);
@@ -998,7 +1002,13 @@ std::shared_ptr<CachalotAllocator>& instance() {
 
 void deleter(void* ptr) {
   if (auto& a = instance()) {
-    a->free_ptr(ptr, /*raise=*/false);
+    // PyTorch's deleters must not throw: a tensor freed while the process
+    // exits (CUDA already going away) would end it with std::terminate.
+    try {
+      a->free_ptr(ptr, /*raise=*/false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cachalot: free at %p: %s\n", ptr, e.what());
+    }
   }
 }
 
