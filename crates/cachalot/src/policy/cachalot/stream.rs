@@ -579,7 +579,7 @@ impl StreamState {
     /// that page is cached at its owner outside `keep`: no call (see
     /// [`Pool::adopt`]). Whether it did. Not in a churning stream: its raised
     /// budget is there for its layout to settle on mapped pages, and pages
-    /// moving about kept bert_dynamic's from settling (16 to 344 driver calls
+    /// moving about kept bert_dynamic's from settling (18 to 447 driver calls
     /// a pass from the third to the ninth, instead of none from the seventh).
     fn adopt(&mut self, pages: &Pages, p: usize, cell: u32, keep: &Range<u32>) -> bool {
         if self.churning || !self.may_steal(pages) {
