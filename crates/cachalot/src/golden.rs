@@ -362,7 +362,7 @@ fn step(alloc: &PytorchAllocator, op: &Op, held: &mut Held) -> Result<(), Error>
             alloc.empty_pool_cache(pool)
         }
         "capture_begin" => {
-            let on = stream(&held.streams, op.arg(2))?;
+            let on = stream(streams, op.arg(2))?;
             if held.graphs == 0 {
                 held.rng = Some((alloc.malloc(8, on)?, alloc.malloc(8, on)?));
             }

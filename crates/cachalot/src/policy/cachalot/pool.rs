@@ -654,6 +654,15 @@ mod tests {
 
     const G: u64 = 2 << 20;
 
+    /// A fresh stream's ledger.
+    fn ledger() -> Ledger {
+        Ledger::new(
+            crate::MemoryStats::new(None),
+            crate::StreamId(0),
+            std::time::Instant::now(),
+        )
+    }
+
     #[test]
     fn placement_prefers_mapped_pages() {
         let mut pool = Pool::new(false, false);
@@ -680,11 +689,7 @@ mod tests {
         let sim = Arc::new(crate::backend::sim::SimBackend::with_options(1 << 30, true));
         let counted = Arc::new(Counting::new(sim.clone()));
         let pages = Pages::new(counted.clone());
-        let mut ledger = Ledger::new(
-            crate::MemoryStats::new(None),
-            crate::StreamId(0),
-            std::time::Instant::now(),
-        );
+        let mut ledger = ledger();
         let mut pool = Pool::new(false, false);
         pool.ensure_range(&pages, 64 * G).unwrap();
         for cell in [0, 1] {
@@ -732,11 +737,7 @@ mod tests {
             false,
         ));
         let pages = Pages::new(sim.clone());
-        let mut ledger = Ledger::new(
-            crate::MemoryStats::new(None),
-            crate::StreamId(0),
-            std::time::Instant::now(),
-        );
+        let mut ledger = ledger();
         let mut pool = Pool::new(false, false);
         assert!(pool.place(5 << 20).is_none());
         pool.grow(&pages, &mut ledger, 5 << 20).unwrap();

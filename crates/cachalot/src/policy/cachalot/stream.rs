@@ -514,8 +514,7 @@ impl StreamState {
             let end = own.end.min((cell / group_len + 1) * group_len);
             let run = match own.contains(&cell) && !self.churning {
                 true => {
-                    let pool = &self.pools[p];
-                    let adopting = !self.churning && self.may_steal(pages);
+                    let (pool, adopting) = (&self.pools[p], self.adopts(pages));
                     let stop = |c: &u32| {
                         cells.is_mapped(*c) || adopting && pool.adoptable(*c, &span).is_some()
                     };
@@ -552,12 +551,11 @@ impl StreamState {
         n: u32,
         (handle, from): (PageHandle, Option<u32>),
     ) -> BackendResult<()> {
-        let span = cell..cell + n;
-        let mut mapped = Ok(());
-        if self.pools[p].has_aliases_in(span) {
-            mapped = self.quiesce(pages);
-        }
-        mapped = mapped.and_then(|()| {
+        let waited = match self.pools[p].has_aliases_in(cell..cell + n) {
+            true => self.quiesce(pages),
+            false => Ok(()),
+        };
+        let mapped = waited.and_then(|()| {
             let pool = &mut self.pools[p];
             pool.map_extent(pages, &mut self.ledger, cell, n, handle)
         });
@@ -582,13 +580,19 @@ impl StreamState {
     /// moving about kept bert_dynamic's from settling (18 to 447 driver calls
     /// a pass from the third to the ninth, instead of none from the seventh).
     fn adopt(&mut self, pages: &Pages, p: usize, cell: u32, keep: &Range<u32>) -> bool {
-        if self.churning || !self.may_steal(pages) {
+        if !self.adopts(pages) {
             return false;
         }
         self.note_remaps();
         let adopted = self.pools[p].adopt(&mut self.ledger, cell, keep);
         self.remaps += u64::from(adopted);
         adopted
+    }
+
+    /// Whether the stream moves pages back to their aliases (see
+    /// [`StreamState::adopt`]).
+    fn adopts(&self, pages: &Pages) -> bool {
+        !self.churning && self.may_steal(pages)
     }
 
     /// One new handle of `n` (more than one) pages for cells of pool `p`
@@ -764,11 +768,7 @@ impl StreamState {
             }
         }
         let found = match head {
-            Some(head) => {
-                self.quiesce(pages)?;
-                let pool = &mut self.pools[p];
-                Some(pool.unmap_extent(pages, &mut self.ledger, head)?)
-            }
+            Some(head) => Some(self.unmap_head(pages, p, head)?),
             None => self.unmap_coldest_in(pages, 1 - p, &(0..0), 1)?,
         };
         match found {
@@ -810,13 +810,22 @@ impl StreamState {
             .cells
             .as_mut()
             .and_then(|s| s.coldest(keep, min));
-        let Some(head) = head else {
-            return Ok(None);
-        };
+        match head {
+            Some(head) => self.unmap_head(pages, q, head).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Unmaps pool `q`'s cached extent starting at `head`, once the stream's
+    /// queued work is done: its handle and length in pages.
+    fn unmap_head(
+        &mut self,
+        pages: &Pages,
+        q: usize,
+        head: u32,
+    ) -> BackendResult<(PageHandle, u32)> {
         self.quiesce(pages)?;
-        self.pools[q]
-            .unmap_extent(pages, &mut self.ledger, head)
-            .map(Some)
+        self.pools[q].unmap_extent(pages, &mut self.ledger, head)
     }
 
     /// The pools to look in for `ptr`: with ranges, the large pool's holds
