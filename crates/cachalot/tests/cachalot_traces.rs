@@ -61,10 +61,11 @@ fn fragmentation_and_driver_calls_meet_the_targets() {
                 ));
             }
         }
-        // Bulk handles: a training trace's first pass makes at most 35% of the
-        // calls of one handle per page (bert_dynamic, whose shapes change at
-        // every step, re-maps page by page most of its first pass).
-        if name != "bert_dynamic" && out.memory_calls * 20 > paged.memory_calls * 7 {
+        // Bulk handles: a training trace's first pass makes at most a fifth
+        // of the calls of one handle per page (7% to 16%; bert_dynamic,
+        // whose shapes change at every step, re-maps page by page most of
+        // its first pass).
+        if name != "bert_dynamic" && out.memory_calls * 5 > paged.memory_calls {
             failures.push(format!(
                 "{name}: {} calls with bulk handles, {} page by page",
                 out.memory_calls, paged.memory_calls

@@ -202,6 +202,13 @@ impl Cells {
         None
     }
 
+    /// Whether no cell from `cell` on holds a page: `cell` lies past the last
+    /// mapped one.
+    pub(crate) fn none_mapped_from(&self, cell: u32) -> bool {
+        let known = self.pages.len() as u32;
+        cell >= known || self.mapped_count(cell..known) == 0
+    }
+
     /// Adds a user to every cell of `span` (mapped or not).
     pub(crate) fn acquire(&mut self, span: Range<u32>) {
         self.grow(span.end as usize);
@@ -622,6 +629,18 @@ mod tests {
         assert_eq!(s.runs(), 2);
         assert_eq!(s.cached_extents(), vec![0, 2]);
         s.check(|_| 0).unwrap();
+    }
+
+    #[test]
+    fn the_frontier_lies_past_the_last_mapped_cell() {
+        let mut cells = Cells::new(1 << 40, 2 << 20);
+        assert!(cells.none_mapped_from(0));
+        cells.install(3, 2, PageHandle(1));
+        cells.acquire(7..8);
+        assert!(!cells.none_mapped_from(0) && !cells.none_mapped_from(4));
+        // Cell 7 is known (a block touches it) but holds no page.
+        assert!(cells.none_mapped_from(5) && cells.none_mapped_from(7));
+        assert!(cells.none_mapped_from(100));
     }
 
     #[test]
