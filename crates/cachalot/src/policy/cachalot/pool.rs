@@ -473,8 +473,8 @@ impl Pool {
         Some((page, n))
     }
 
-    /// The cell size (with pages).
-    fn granularity(&self) -> u64 {
+    /// The cell size (with pages; 1 without).
+    pub(crate) fn granularity(&self) -> u64 {
         self.cells.as_ref().map_or(1, Cells::granularity)
     }
 

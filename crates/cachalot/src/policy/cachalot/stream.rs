@@ -58,7 +58,6 @@ use crate::error::FreeError;
 use crate::ipc::Backing;
 use crate::snapshot::SegmentInfo;
 
-use super::cells::Cells;
 use super::directory::RangeTable;
 use super::heap::{BlockId, State};
 use super::ledger::Ledger;
@@ -532,16 +531,16 @@ impl StreamState {
             // churning stream (whose layout keeps changing).
             let end = own.end.min((cell / group_len + 1) * group_len);
             let frontier = growing && cells.none_mapped_from(cell);
-            let run = match own.contains(&cell) && !self.churning {
-                _ if frontier => self.frontier_run(pages, span.end - cell),
-                true => {
-                    let (pool, adopting) = (&self.pools[p], self.adopts(pages));
-                    let stop = |c: &u32| {
-                        cells.is_mapped(*c) || adopting && pool.adoptable(*c, &span).is_some()
-                    };
-                    (cell..end).find(stop).unwrap_or(end) - cell
-                }
-                false => 1,
+            let run = if frontier {
+                self.frontier_run(pages, span.end - cell)
+            } else if own.contains(&cell) && !self.churning {
+                let (pool, adopting) = (&self.pools[p], self.adopts(pages));
+                let stop = |c: &u32| {
+                    cells.is_mapped(*c) || adopting && pool.adoptable(*c, &span).is_some()
+                };
+                (cell..end).find(stop).unwrap_or(end) - cell
+            } else {
+                1
             };
             if self.adopt(pages, p, cell, &span) {
                 cell += 1;
@@ -606,8 +605,7 @@ impl StreamState {
         }
         self.note_remaps();
         let adopted = self.pools[p].adopt(&mut self.ledger, cell, keep);
-        self.remaps += u64::from(adopted);
-        self.remapped |= adopted;
+        self.count_remaps(u64::from(adopted));
         adopted
     }
 
@@ -680,18 +678,17 @@ impl StreamState {
         n: u64,
         keep: &Range<u32>,
     ) -> BackendResult<bool> {
-        if self.mapped() + n <= self.budget() {
+        if n <= self.room() {
             return Ok(true);
         }
         let Some((handle, k)) = self.unmap_coldest(pages, p, keep, 2)? else {
             return Ok(false);
         };
         pages.release_pages(handle, k)?;
-        let room = self.mapped() + n <= self.budget();
+        let room = n <= self.room();
         if room {
             // As many pages re-mapped as page by page (see `obtain_page`).
-            self.remaps += u64::from(k).min(n);
-            self.remapped = true;
+            self.count_remaps(u64::from(k).min(n));
         }
         Ok(room)
     }
@@ -707,10 +704,9 @@ impl StreamState {
     ) -> BackendResult<(PageHandle, Option<u32>)> {
         self.note_remaps();
         let may_steal = self.may_steal(pages);
-        if may_steal && self.mapped() >= self.budget() {
+        if may_steal && self.room() == 0 {
             if let Some(page) = self.steal(pages, p, keep)? {
-                self.remaps += 1;
-                self.remapped = true;
+                self.count_remaps(1);
                 return Ok(page);
             }
         }
@@ -719,6 +715,13 @@ impl StreamState {
             Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
             Err(e) => Err(e),
         }
+    }
+
+    /// Counts `n` pages re-mapped (towards churning, and ending the
+    /// stream's first growth).
+    fn count_remaps(&mut self, n: u64) {
+        self.remaps += n;
+        self.remapped |= n > 0;
     }
 
     /// Starts churning once the stream re-mapped enough pages (see the
@@ -783,11 +786,7 @@ impl StreamState {
     /// The pages that come to [`WASTE_SLACK`] over the stream's peak of
     /// allocated bytes.
     fn waste_cap(&self) -> u64 {
-        let g = self
-            .pools
-            .iter()
-            .find_map(|p| p.cells.as_ref())
-            .map_or(1, Cells::granularity);
+        let g = self.pools.iter().map(Pool::granularity).max().unwrap_or(1);
         ((1.0 + WASTE_SLACK) * self.peak_bytes as f64 / g as f64) as u64
     }
 
