@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Everything cachalot checks on a GPU, in one go: the GPU tests, compute-sanitizer
-# on them, other helpers' GPU checks, then the side-by-side benchmark (PyTorch's
-# native allocator, cudaMallocAsync with a kept pool, cachalot with the pytorch
-# policy, cachalot with its own policy, and RMM's pool, arena and async
-# resources where BIN/rmm holds RMM's wheels), ending with a short table.
+# on them, other helpers' GPU checks, the driver's mapping calls timed, then the
+# side-by-side benchmark (PyTorch's native allocator, cudaMallocAsync with a kept
+# pool, cachalot with the pytorch policy, cachalot with its own policy, and RMM's
+# pool, arena and async resources where BIN/rmm holds RMM's wheels), ending with
+# a short table.
 #
 # Usage, on the GPU machine from the repository root: bash gpu-bin/cuda/gpu.sh [BIN] [--quick]
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay bench torch dist; the tables always): the whole script takes longer than
+# replay driver bench torch dist; the tables always): the whole script takes longer than
 # one 10-minute device call, so a session runs it in two, e.g.
 # ONLY="record bench" and ONLY="tests sanitizer checks replay torch"; the
 # multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
@@ -108,6 +109,16 @@ fi
 
 fi
 
+if want driver; then
+section "3c. driver costs: cuMemCreate, cuMemMap + cuMemSetAccess, cuMemUnmap, cuMemRelease per handle, by handle size and threads"
+if nvcc -O2 -o /tmp/driver_costs "$bin/scripts/driver_costs.cu" -lcuda; then
+  /tmp/driver_costs "$out/driver_costs.md" || status=1
+else
+  status=1; echo "FAILED: building driver_costs.cu"
+fi
+
+fi
+
 # The speed comparison runs all the allocators in one process, taking turns
 # (native_bench.py --plugin, with the plug-in from scripts/build-gpu-torch.sh
 # beside BIN; RMM's pool, arena and async resources too where BIN/rmm holds
@@ -176,6 +187,7 @@ section "7. tables"
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
 [ -f "$out/diffcheck.md" ] && { cat "$out/diffcheck.md"; echo; }
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
+[ -f "$out/driver_costs.md" ] && { cat "$out/driver_costs.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
 section "done"
