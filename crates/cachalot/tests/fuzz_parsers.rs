@@ -127,6 +127,22 @@ fn every_pickle_protocol_reads_the_same_snapshot() {
     }
 }
 
+/// The input libFuzzer's `trace_csv` found (session 22): a frozenset of NaN
+/// floats, whose sort inside serde-pickle panicked; now a typed error.
+#[test]
+fn a_set_of_floats_is_an_error_not_a_panic() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/fuzz-frozenset-of-floats.pickle");
+    let bytes = std::fs::read(path).expect("fixture");
+    let err = read_recording(&bytes[..], &limits()).expect_err("refused");
+    assert!(
+        err.to_string()
+            .contains("float in a dict key or set element"),
+        "{err}"
+    );
+    exercise(&bytes);
+}
+
 #[test]
 fn every_truncation_of_a_snapshot_is_an_error() {
     let bytes = data("seed002.native.snapshot.pickle.gz");

@@ -14,7 +14,11 @@
 //! accepted; anything else (globals, object construction, `DUP`, persistent ids)
 //! is refused, since a memory snapshot never contains it. Memoizing a memo
 //! reference is refused too (the pickler never does it, and serde-pickle copies the
-//! value there).
+//! value there). So is a float in a dict key or a set element: serde-pickle
+//! sorts keys and elements with an order that is not total once floats are in
+//! it (NaN, or integers past 2^53 that round to the same float), and the sort
+//! panics on that (found by `fuzz/`'s `trace_csv`); no snapshot has such a
+//! key.
 
 use std::collections::{HashMap, HashSet};
 
@@ -74,6 +78,8 @@ struct Shape {
     values: u64,
     height: u32,
     refs: Vec<(u32, u32)>,
+    /// Whether a float is in it (through memo references too).
+    float: bool,
 }
 
 impl Shape {
@@ -82,6 +88,14 @@ impl Shape {
             values: 1,
             height: 1,
             refs: Vec::new(),
+            float: false,
+        }
+    }
+
+    fn float() -> Shape {
+        Shape {
+            float: true,
+            ..Shape::leaf()
         }
     }
 }
@@ -199,15 +213,18 @@ impl Guard<'_> {
             | op::EMPTY_SET => {
                 self.stack.push(Item::Value(Shape::leaf()));
             }
-            op::BININT | op::BININT1 | op::BININT2 | op::BINFLOAT => {
+            op::BININT | op::BININT1 | op::BININT2 => {
                 let width = match code {
                     op::BININT => 4,
                     op::BININT1 => 1,
-                    op::BININT2 => 2,
-                    _ => 8,
+                    _ => 2,
                 };
                 self.take(width)?;
                 self.stack.push(Item::Value(Shape::leaf()));
+            }
+            op::BINFLOAT => {
+                self.take(8)?;
+                self.stack.push(Item::Value(Shape::float()));
             }
             op::LONG1 | op::LONG4 => self.long(code)?,
             op::SHORT_BINUNICODE | op::SHORT_BINBYTES => self.prefixed(1)?,
@@ -224,6 +241,11 @@ impl Guard<'_> {
             }
             op::TUPLE | op::LIST | op::DICT | op::FROZENSET => {
                 let items = self.pop_mark()?;
+                match code {
+                    op::DICT => self.check_keys(&items, 2)?,
+                    op::FROZENSET => self.check_keys(&items, 1)?,
+                    _ => {}
+                }
                 let shape = self.build(Shape::leaf(), items)?;
                 self.stack.push(Item::Value(shape));
             }
@@ -234,10 +256,16 @@ impl Guard<'_> {
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
+                self.check_keys(std::slice::from_ref(&key), 1)?;
                 self.extend_top(vec![key, value])?;
             }
             op::APPENDS | op::SETITEMS | op::ADDITEMS => {
                 let items = self.pop_mark()?;
+                match code {
+                    op::SETITEMS => self.check_keys(&items, 2)?,
+                    op::ADDITEMS => self.check_keys(&items, 1)?,
+                    _ => {}
+                }
                 self.extend_top(items)?;
             }
             other => {
@@ -305,9 +333,27 @@ impl Guard<'_> {
         Ok(())
     }
 
+    /// Whether `item` holds a float.
+    fn has_float(&self, item: &Item) -> bool {
+        match item {
+            Item::Value(shape) => shape.float,
+            Item::Ref(id) => self.memo.get(id).is_some_and(|s| s.float),
+        }
+    }
+
+    /// Refuses a float among the keys of `items` (every `step`-th item from the
+    /// first: dict keys alternate with values, set elements do not).
+    fn check_keys(&self, items: &[Item], step: usize) -> Result<(), TraceError> {
+        if items.iter().step_by(step).any(|i| self.has_float(i)) {
+            return self.fail("a float in a dict key or set element (its order is not total)");
+        }
+        Ok(())
+    }
+
     /// Adds `items` as children of `shape`.
     fn build(&self, mut shape: Shape, items: Vec<Item>) -> Result<Shape, TraceError> {
         for item in items {
+            shape.float |= self.has_float(&item);
             match item {
                 Item::Ref(id) => shape.refs.push((id, 1)),
                 Item::Value(child) => {
@@ -365,6 +411,7 @@ impl Guard<'_> {
                     values: 0,
                     height: 0,
                     refs: vec![(*id, 0)],
+                    float: false,
                 };
                 &leaf
             }
@@ -451,6 +498,66 @@ mod tests {
         run(bytes).unwrap();
         let v = serde_pickle::value_from_slice(bytes, serde_pickle::DeOptions::new()).unwrap();
         assert!(matches!(v, serde_pickle::Value::Dict(_)));
+    }
+
+    /// A pickle of protocol 4 whose body is `body`, then STOP.
+    fn pickle(body: &[u8]) -> Vec<u8> {
+        let mut bytes = b"\x80\x04".to_vec();
+        bytes.extend_from_slice(body);
+        bytes.push(op::STOP);
+        bytes
+    }
+
+    #[test]
+    fn floats_as_keys_or_set_elements_are_refused() {
+        let nan = [&[op::BINFLOAT][..], &f64::NAN.to_be_bytes()].concat();
+        let one = [&[op::BINFLOAT][..], &1.0f64.to_be_bytes()].concat();
+        let refused = [
+            // frozenset({nan, nan})
+            [&[op::MARK][..], &nan, &nan, &[op::FROZENSET]].concat(),
+            // s = set(); s.update({1.0})
+            [&[op::EMPTY_SET, op::MARK][..], &one, &[op::ADDITEMS]].concat(),
+            // {1.0: None}, one item and several
+            [&[op::EMPTY_DICT][..], &one, &[op::NONE, op::SETITEM]].concat(),
+            [
+                &[op::EMPTY_DICT, op::MARK][..],
+                &one,
+                &[op::NONE, op::SETITEMS],
+            ]
+            .concat(),
+            // {(1, 1.0): None}, built by DICT
+            [
+                &[op::MARK, op::BININT1, 1][..],
+                &one,
+                &[op::TUPLE2, op::NONE, op::DICT],
+            ]
+            .concat(),
+            // {x: None}, x = 1.0 through the memo
+            [
+                &[op::EMPTY_DICT][..],
+                &one,
+                &[op::MEMOIZE, op::NONE, op::SETITEM],
+            ]
+            .concat(),
+        ];
+        for (i, body) in refused.iter().enumerate() {
+            let err = run(&pickle(body)).unwrap_err();
+            assert!(
+                err.to_string().contains("float in a dict key"),
+                "case {i}: {err}"
+            );
+        }
+        // Floats as values and in lists still read: {'a': [nan, 1.0]}.
+        let body = [
+            &[op::EMPTY_DICT, op::SHORT_BINUNICODE, 1, b'a', op::MARK][..],
+            &nan,
+            &one,
+            &[op::LIST, op::SETITEM],
+        ]
+        .concat();
+        let bytes = pickle(&body);
+        run(&bytes).unwrap();
+        serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
     }
 
     #[test]
