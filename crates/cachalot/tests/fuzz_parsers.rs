@@ -1,15 +1,23 @@
-//! Randomized robustness of the trace readers, run in every test suite (the
-//! `fuzz/` crate runs the same targets under libFuzzer): random bytes, and real
-//! recordings with random bytes changed, inserted or cut, must give a value or a
-//! typed error, never a panic.
+//! Randomized robustness of the readers, run in every test suite (the `fuzz/`
+//! crate runs the trace readers under libFuzzer): random bytes, and real
+//! recordings, statistics, snapshots, allocator settings and tuner spaces with
+//! random bytes changed, inserted or cut, must give a value or a typed error,
+//! never a panic.
 
 use std::io::Read;
 use std::path::PathBuf;
 
 use cachalot::replay::{plan, RecordedDevice, H100_CAPACITY};
+use std::sync::Arc;
+
+use cachalot::backend::sim::SimBackend;
+use cachalot::policy::PytorchAllocator;
+use cachalot::snapshot_io::{json, SnapshotDump};
 use cachalot::trace::pickle::snapshot_from_slice;
+use cachalot::trace::stats::read_stats;
 use cachalot::trace::{read_recording, ReadLimits};
-use cachalot::AllocatorConfig;
+use cachalot::tune::Space;
+use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
 use proptest::prelude::*;
 
 fn limits() -> ReadLimits {
@@ -85,8 +93,48 @@ fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
     bytes
 }
 
+/// A JSON snapshot of a small allocator's state (three blocks, one freed).
+fn json_snapshot() -> Vec<u8> {
+    let alloc = PytorchAllocator::new(
+        Arc::new(SimBackend::new(1 << 30)),
+        AllocatorConfig::default(),
+    )
+    .expect("the default config is valid");
+    let ptrs: Vec<u64> = [512, 3 << 20, 30 << 20]
+        .iter()
+        .map(|size| alloc.malloc(*size, StreamId::DEFAULT).expect("room"))
+        .collect();
+    alloc.free(ptrs[1]).expect("live");
+    let mut bytes = Vec::new();
+    json::write(&SnapshotDump::capture(&alloc, None), &mut bytes).expect("writes");
+    bytes
+}
+
+/// Settings as PYTORCH_CUDA_ALLOC_CONF spells them, valid, to mutate.
+const SETTINGS: &str = "expandable_segments:True,max_split_size_mb:256,\
+garbage_collection_threshold:0.8,roundup_power2_divisions:[256:1,512:2,>:4]";
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_stats_never_panic(mutations in proptest::collection::vec(mutation(), 1..8)) {
+        let bytes = mutate(data("resnet50.native.stats.json.gz"), &mutations);
+        let _ = read_stats(&bytes[..], &limits());
+    }
+
+    #[test]
+    fn mutated_json_snapshots_never_panic(mutations in proptest::collection::vec(mutation(), 1..8)) {
+        let _ = json::read(&mutate(json_snapshot(), &mutations));
+    }
+
+    #[test]
+    fn mutated_settings_never_panic(mutations in proptest::collection::vec(mutation(), 1..6)) {
+        let bytes = mutate(SETTINGS.as_bytes().to_vec(), &mutations);
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = AllocatorConfig::parse(&text);
+        let _ = Space::from_specs(&[text.replace(':', "=")]);
+    }
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -152,4 +200,12 @@ fn every_truncation_of_a_snapshot_is_an_error() {
             "cut at {cut}"
         );
     }
+}
+
+/// The inputs the mutation tests start from read as they are.
+#[test]
+fn the_unmutated_inputs_read() {
+    read_stats(&data("resnet50.native.stats.json.gz")[..], &limits()).expect("stats");
+    json::read(&json_snapshot()).expect("snapshot");
+    AllocatorConfig::parse(SETTINGS).expect("settings");
 }
