@@ -155,8 +155,12 @@ pub struct AllocatorConfig {
     /// `cachalot` policy: how far, as a fraction, a stream's mapped pages may exceed
     /// the most pages it ever had in use before it re-maps its own cached pages
     /// instead of creating new ones (`cachalot_reuse_slack`). Lower trades driver
-    /// calls for less reserved memory. Default: 0.035 (the largest that keeps
-    /// every bundled trace within 5% of its peak requested bytes).
+    /// calls for less reserved memory. A stream also maps no more than 5% over
+    /// its peak of allocated bytes, or this fraction where it is larger: 0.2
+    /// gives bert_dynamic's first pass 226 driver calls instead of 2,445, at
+    /// 1.17 times its peak requested bytes instead of 1.05. Default: 0.035 (the
+    /// largest that keeps every bundled trace within 5% of its peak requested
+    /// bytes).
     pub cachalot_reuse_slack: f64,
     /// `cachalot` policy: what a *churning* stream's budget adds to
     /// `cachalot_reuse_slack` (`cachalot_churn_slack`): one that has re-mapped

@@ -379,3 +379,35 @@ fn generation_stays_within_five_percent() {
         out.ratio()
     );
 }
+
+/// `cachalot_reuse_slack` above the 5% waste cap raises the cap with it: the
+/// user trades memory for driver calls, and gets that trade (before, any
+/// slack over 0.05 gave bert_dynamic the same 2,942 calls at 1.054).
+#[test]
+fn a_larger_reuse_slack_trades_memory_for_driver_calls() {
+    let tight = run("bert_dynamic", "policy:cachalot", true);
+    let loose = run(
+        "bert_dynamic",
+        "policy:cachalot,cachalot_reuse_slack:0.2",
+        true,
+    );
+    println!(
+        "bert_dynamic: default {} calls at {:.4}; slack 0.2 {} calls at {:.4}",
+        tight.memory_calls,
+        tight.ratio(),
+        loose.memory_calls,
+        loose.ratio()
+    );
+    assert!(tight.ratio() <= 1.05, "default {:.4}", tight.ratio());
+    assert!(
+        loose.memory_calls * 5 < tight.memory_calls,
+        "{} against {}",
+        loose.memory_calls,
+        tight.memory_calls
+    );
+    assert!(
+        tight.ratio() < loose.ratio() && loose.ratio() <= 1.2,
+        "{:.4}",
+        loose.ratio()
+    );
+}
