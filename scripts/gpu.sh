@@ -137,6 +137,11 @@ section "4. benchmark: native contenders, and all of them in one process (C++ ex
 python3 "$bin/scripts/native_bench.py" --ops "$bin/ops" --out "$out/native.json" \
   --so "$bin/ext/cachalot_native_bench.so" --build-dir /tmp/cachalot-ext --passes $passes --steps $steps \
   --rmm "$bin/rmm" "${one_process[@]}" || status=1
+if [ -f "$plugin" ] && [ -f "$bin/ops/bert_dynamic.ops" ]; then
+  section "4b. the cachalot policy's memory-for-speed trade on bert_dynamic (cachalot_reuse_slack), one process"
+  python3 "$bin/scripts/slack_trade.py" --ops "$bin/ops/bert_dynamic.ops" --plugin "$plugin" \
+    --out "$out/slack_trade.md" --so /tmp/cachalot-ext/cachalot_native_bench.so --rmm "$bin/rmm" || status=1
+fi
 section "5. benchmark: cachalot contenders (Rust)"
 if [ -x "$bin/gpu_bench" ]; then
   "$bin/gpu_bench" --ops "$bin/ops" --out "$out/cachalot.json" --passes $passes --steps $steps \
@@ -188,6 +193,7 @@ section "7. tables"
 [ -f "$out/diffcheck.md" ] && { cat "$out/diffcheck.md"; echo; }
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
 [ -f "$out/driver_costs.md" ] && { cat "$out/driver_costs.md"; echo; }
+[ -f "$out/slack_trade.md" ] && { cat "$out/slack_trade.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }
 python3 "$bin/scripts/table.py" "$out" | tee "$out/table.md"
 section "done"
