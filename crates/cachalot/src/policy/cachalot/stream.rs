@@ -69,7 +69,7 @@ use super::pool::{Placement, Pool, SMALL_MAX};
 /// How far (a fraction) reserved bytes may exceed the peak of active bytes
 /// before idle segments are freed ahead of a new one (without virtual
 /// memory), or of allocated bytes before cached pages are re-mapped instead
-/// of new ones made, whatever `cachalot_reuse_slack` allows (with pages,
+/// of new ones made, unless `cachalot_reuse_slack` is larger (with pages,
 /// unless the stream churns or its pages in use leave no room).
 const WASTE_SLACK: f64 = 0.05;
 
