@@ -395,20 +395,25 @@ fn scaling_table(
     Ok(json!(by))
 }
 
+/// The machine's own scaling: the cachalot policy on the simulated device,
+/// an allocator per thread (nothing shared).
+fn scaling_apart(args: &Args) -> BoxResult<Value> {
+    scaling_table(
+        Device::Sim,
+        "cachalot:cachalot",
+        PolicyKind::Cachalot,
+        args,
+        Sharing::PerThread,
+    )
+}
+
 /// Without a GPU: the threaded pattern on the simulated device, one allocator
 /// shared and one per thread, written to `--out` as the GPU run writes its
 /// `scaling_sim` and `scaling_sim_apart`.
 fn simulated_scaling_only(args: &Args) -> BoxResult<()> {
     let key = "cachalot:cachalot";
     let shared = scaling_table(Device::Sim, key, PolicyKind::Cachalot, args, Sharing::One)?;
-    let apart = scaling_table(
-        Device::Sim,
-        key,
-        PolicyKind::Cachalot,
-        args,
-        Sharing::PerThread,
-    )?;
-    let out = json!({ "scaling_sim": { key: shared }, "scaling_sim_apart": apart });
+    let out = json!({ "scaling_sim": { key: shared }, "scaling_sim_apart": scaling_apart(args)? });
     std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
@@ -468,14 +473,7 @@ fn main() -> BoxResult<()> {
         let sim = scaling_table(Device::Sim, key, policy, &args, Sharing::One)?;
         sim_scalings.insert(key, sim);
     }
-    // The machine's own scaling: nothing shared between the threads.
-    let apart = scaling_table(
-        Device::Sim,
-        "cachalot:cachalot",
-        PolicyKind::Cachalot,
-        &args,
-        Sharing::PerThread,
-    )?;
+    let apart = scaling_apart(&args)?;
     let caps = gpu.capabilities();
     let out = json!({
         "gpu": caps.name, "replay": replays, "scaling": scalings, "scaling_sim": sim_scalings,

@@ -76,8 +76,11 @@
 //! cached page of its own (moved, or unmapped and mapped) instead of creating
 //! one once its mapped pages reach `1 + cachalot_reuse_slack` (default 1.035)
 //! times the most pages it ever had in use, or (a stream whose slack exceeds
-//! the floor below) 1.05 times its peak of allocated bytes. So reserved memory follows the peak of pages *touched by live
-//! blocks* (plus the slack), not the peak of a fragmented address range, while a
+//! the floor below) 1.05 times its peak of allocated bytes (`1 +
+//! cachalot_reuse_slack` times, where the slack is larger: a user trades
+//! memory for driver calls). So reserved memory follows the peak of pages
+//! *touched by live blocks* (plus the slack), not the peak of a fragmented
+//! address range, while a
 //! steady training loop, whose layout repeats, settles on mapped pages and makes
 //! no driver calls. On the bundled traces peak reserved / peak requested is
 //! 1.0179 (resnet50), 1.0200 (vit), 1.0367 (gpt2) and 1.0480 (bert with varying
