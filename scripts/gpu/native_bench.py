@@ -136,6 +136,22 @@ def summary(name, r):
     return text
 
 
+def summarize(r, native):
+    """Adds to one contender's turns() record its medians and its ratios to
+    PyTorch's allocator's record `native`, round by round and turn by turn."""
+    if r["firsts"]:
+        r["first"] = statistics.median(r["firsts"])
+    if r["firsts"] and native["firsts"]:
+        r["first_ratios"] = [c / n for c, n in zip(r["firsts"], native["firsts"])]
+        r["first_ratio_median"] = statistics.median(r["first_ratios"])
+    if not r["turns"]:
+        return
+    r["steady"] = statistics.median(r["turns"])
+    if native["turns"]:
+        r["ratios"] = [c / n for c, n in zip(r["turns"], native["turns"])]
+        r["ratio_median"], r["ratio_worst"] = statistics.median(r["ratios"]), max(r["ratios"])
+
+
 def one_process(ext, ops_dir, plugin, turns, timed, cold):
     """All contenders in this process, taking turns, per op list: `cold`
     rounds of a first pass from an empty cache each, then the turns."""
@@ -147,20 +163,8 @@ def one_process(ext, ops_dir, plugin, turns, timed, cold):
     for path in sorted(glob.glob(os.path.join(ops_dir, "*.ops"))):
         trace = os.path.basename(path)[:-4]
         by = ext.turns(path, names, turns, timed, cold)
-        native = by["pytorch"]["turns"]
-        native_firsts = by["pytorch"]["firsts"]
-        for name, r in by.items():
-            if r["firsts"]:
-                r["first"] = statistics.median(r["firsts"])
-            if r["firsts"] and native_firsts:
-                r["first_ratios"] = [c / n for c, n in zip(r["firsts"], native_firsts)]
-                r["first_ratio_median"] = statistics.median(r["first_ratios"])
-            if not r["turns"]:
-                continue
-            r["steady"] = statistics.median(r["turns"])
-            if native:
-                r["ratios"] = [c / n for c, n in zip(r["turns"], native)]
-                r["ratio_median"], r["ratio_worst"] = statistics.median(r["ratios"]), max(r["ratios"])
+        for r in by.values():
+            summarize(r, by["pytorch"])
         out["traces"][trace] = by
         print(f"{trace:16} one process: " + ", ".join(summary(name, r) for name, r in by.items()))
     return out

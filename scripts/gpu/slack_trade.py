@@ -16,13 +16,12 @@ Usage: slack_trade.py --ops FILE.ops --plugin libcachalot_torch.so --out FILE.md
 """
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from native_bench import load_extension, unpack_rmm  # noqa: E402
+from native_bench import load_extension, summarize, unpack_rmm  # noqa: E402
 
 
 def contenders(slacks):
@@ -42,13 +41,11 @@ def label(name):
 def row(r, native):
     """One contender's cells: first pass and steady ns/op with their ratios to
     PyTorch's (medians of the per-round and per-turn ratios)."""
-    if not r["firsts"] or not r["turns"]:
+    summarize(r, native)
+    if "first_ratio_median" not in r or "ratio_median" not in r:
         return f"failed: {r.get('failed', 'no passes')}"
-    first = statistics.median(r["firsts"])
-    first_ratio = statistics.median(c / n for c, n in zip(r["firsts"], native["firsts"]))
-    steady = statistics.median(r["turns"])
-    steady_ratio = statistics.median(c / n for c, n in zip(r["turns"], native["turns"]))
-    return f"{first:.0f} | {first_ratio:.2f} | {steady:.0f} | {steady_ratio:.3f}"
+    return (f"{r['first']:.0f} | {r['first_ratio_median']:.2f} | {r['steady']:.0f} | "
+            f"{r['ratio_median']:.3f}")
 
 
 def main():
