@@ -771,3 +771,45 @@ fn several_streams_peak_as_one_device() {
         assert_eq!(dev.sim.live_objects(), 0);
     }
 }
+
+/// Many operations on several streams with no read between them: the
+/// journals fill again and again, and the cuts they ask for are settled on
+/// the allocator's settler thread while this thread goes on. The peaks read
+/// at the end are the model's (one thread, so one order), and reading them
+/// waits for every cut handed over.
+#[test]
+fn cuts_settled_apart_give_the_exact_peaks() {
+    let dev = TestDevice::new(SimBackend::with_options(64 << 30, true));
+    let alloc = allocator(&dev, "");
+    let mut rng = Rng(0xc0ff_ee11);
+    let mut live: Vec<(u64, i64, i64)> = Vec::new();
+    let (mut allocated, mut requested) = (0i64, 0i64);
+    let (mut peak_allocated, mut peak_requested) = (0i64, 0i64);
+    for _ in 0..60_000 {
+        if live.len() < 48 && rng.below(2) == 0 {
+            let size = rng.size() / 8 + 1;
+            let p = alloc.malloc(size, StreamId(rng.below(6))).expect("fits");
+            let rounded = size.div_ceil(512) as i64 * 512;
+            live.push((p, rounded, size as i64));
+            allocated += rounded;
+            requested += size as i64;
+            peak_allocated = peak_allocated.max(allocated);
+            peak_requested = peak_requested.max(requested);
+        } else if !live.is_empty() {
+            let (p, rounded, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            alloc.free(p).unwrap();
+            allocated -= rounded;
+            requested -= size;
+        }
+    }
+    let stats = alloc.stats();
+    assert_eq!(stats.allocated_bytes.all.current, allocated);
+    assert_eq!(stats.allocated_bytes.all.peak, peak_allocated);
+    assert_eq!(stats.requested_bytes.all.peak, peak_requested);
+    alloc.validate().unwrap();
+    live.into_iter()
+        .for_each(|(p, _, _)| alloc.free(p).unwrap());
+    alloc.empty_cache().unwrap();
+    drop(alloc);
+    assert_eq!(dev.sim.live_objects(), 0);
+}

@@ -91,11 +91,12 @@ impl Ledger {
     }
 
     /// The changes of one operation (under one hold of the stream's lock)
-    /// from now until [`Ledger::end_op`] share one journal stamp.
+    /// from now until [`Ledger::end_op`] share one journal stamp, `early`
+    /// where the clock was read as the operation began.
     #[inline(always)]
-    pub(crate) fn begin_op(&mut self) {
+    pub(crate) fn begin_op(&mut self, early: Option<u64>) {
         if let Some(journal) = &mut self.journal {
-            journal.begin_op();
+            journal.begin_op(early);
         }
     }
 

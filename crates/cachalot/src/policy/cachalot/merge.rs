@@ -22,28 +22,32 @@
 //! The streams' currents and totals add up at a cut and are read from them;
 //! the device keeps only its peaks. The peaks of two cuts do not depend on
 //! each other, so a thread whose journal filled takes a cut under the merge
-//! state's lock and settles it after letting go of it: threads settle their
-//! cuts at once, and a reader of the statistics (or a reset of the peaks)
-//! waits until every cut taken is settled, then takes and settles its own.
+//! state's lock and, after letting go of it, hands it to the settler thread
+//! (`settler`), which settles cuts off the allocating threads; a reader of
+//! the statistics (or a reset of the peaks) waits until every cut taken is
+//! settled, then takes and settles its own.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use crate::error::InvariantViolation;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
+use super::settler::{MergeState, Settler};
 
-/// The device's side: the clock the streams stamp with and the merge state.
+/// The device's side: the clock the streams stamp with, the merge state and
+/// the settler thread.
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
     clock: quanta::Clock,
-    merged: Mutex<Option<Merged>>,
-    /// Signalled when a cut is settled.
-    settled: Condvar,
+    state: Arc<MergeState>,
     /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
     merging: AtomicBool,
+    /// Whether the device has had several streams (streams journal).
+    several: AtomicBool,
+    settler: Settler,
 }
 
 impl DeviceJournal {
@@ -51,43 +55,44 @@ impl DeviceJournal {
     pub(crate) fn new() -> DeviceJournal {
         DeviceJournal {
             clock: quanta::Clock::new(),
-            merged: Mutex::new(None),
-            settled: Condvar::new(),
+            state: Arc::default(),
             merging: AtomicBool::new(false),
+            several: AtomicBool::new(false),
+            settler: Settler::default(),
         }
     }
 
     /// Waits, the merge state locked, until every cut taken is settled.
     pub(crate) fn wait_idle<'a>(
         &self,
-        mut guard: MutexGuard<'a, Option<Merged>>,
+        guard: MutexGuard<'a, Option<Merged>>,
     ) -> MutexGuard<'a, Option<Merged>> {
-        while guard.as_ref().is_some_and(|m| !m.idle()) {
-            guard = self.settled.wait(guard).unwrap_or_else(|e| e.into_inner());
-        }
-        guard
+        self.state.wait_idle(guard)
     }
 
-    /// Takes a cut settled apart from the merge state back into it.
-    pub(crate) fn finish(&self, cut: Cut) {
-        if let Some(m) = self.lock().as_mut() {
-            m.finish(cut);
-        }
-        self.settled.notify_all();
+    /// The clock, once the device has had several streams: an operation's
+    /// stamp read before its stream's lock is taken (`journal`).
+    #[inline(always)]
+    pub(crate) fn early_stamp(&self) -> Option<u64> {
+        self.several
+            .load(Ordering::Relaxed)
+            .then(|| self.clock.raw())
+    }
+
+    /// Settles a cut taken and let go of, on the settler thread where it
+    /// can (`settler`).
+    pub(crate) fn settle_apart(&self, cut: Cut) {
+        self.settler.hand(cut, &self.state);
     }
 
     /// The merge state: `None` while the device has had one stream.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Merged>> {
-        self.merged.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// The merge state, unless another thread holds it.
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Option<Merged>>> {
-        match self.merged.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        self.state.try_lock()
     }
 
     /// Whether a cut is being taken.
@@ -117,6 +122,7 @@ impl DeviceJournal {
             peaks: only.tops(),
             ..Merged::default()
         });
+        self.several.store(true, Ordering::Relaxed);
         self.journal(only)
     }
 
@@ -134,6 +140,8 @@ pub(crate) struct Merged {
     spare: Vec<Run>,
     /// Cuts taken and not yet settled.
     in_flight: usize,
+    /// Whether a settle panicked (a bug: its peaks may be low).
+    lost: bool,
 }
 
 /// One cut's runs (one per stream), settled apart from the merge state: the
@@ -178,6 +186,11 @@ impl Merged {
         self.spare.extend(cut.runs.into_iter().map(Run::emptied));
     }
 
+    /// Notes that a cut's settle panicked.
+    pub(crate) fn mark_lost(&mut self) {
+        self.lost = true;
+    }
+
     /// Whether every cut taken is settled.
     pub(crate) fn idle(&self) -> bool {
         self.in_flight == 0
@@ -201,6 +214,7 @@ impl Merged {
             "{} cuts were never settled",
             self.in_flight
         );
+        crate::ensure_invariant!(!self.lost, "settling a cut panicked");
         if let Some((family, pool)) = self.peaks.first_below(now) {
             return Err(InvariantViolation(format!(
                 "device peak (family {family}, pool {pool}) is below the streams' current sum"
@@ -507,7 +521,7 @@ mod tests {
     fn an_operations_changes_share_one_stamp() {
         let (mut merged, mut s) = streams(2);
         let m = merged.as_mut().expect("started");
-        s[0].journal.begin_op();
+        s[0].journal.begin_op(None);
         s[0].note(alloc(100));
         s[1].note(alloc(100));
         s[0].note(free(100));
@@ -521,6 +535,28 @@ mod tests {
         let mut stats = MemoryStats::new(None);
         m.peaks().write_peaks(&mut stats);
         assert_eq!(stats.allocated_bytes.all.peak, 120);
+    }
+
+    /// A stamp read as an operation began, before its stream's lock, may be
+    /// older than a change another thread made on that stream meanwhile:
+    /// the operation takes the later stamp, so stamps never go back.
+    #[test]
+    fn an_early_stamp_never_goes_back() {
+        let (mut merged, mut s) = streams(2);
+        let m = merged.as_mut().expect("started");
+        s[0].note(alloc(10));
+        s[0].note(alloc(10));
+        s[0].journal.begin_op(Some(1));
+        s[0].note(alloc(10));
+        s[0].journal.end_op();
+        s[0].journal.begin_op(Some(7));
+        s[0].note(free(10));
+        s[0].journal.end_op();
+        let mut cut = take_cut(m, &mut s);
+        let stamps: Vec<u64> = cut.runs[0].entries.iter().map(|e| e.0).collect();
+        assert_eq!(stamps, [1, 2, 2, 7]);
+        cut.settle();
+        m.finish(cut);
     }
 
     /// The device's peaks from seeded interleavings of several streams'

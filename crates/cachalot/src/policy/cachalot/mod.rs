@@ -138,8 +138,10 @@
 //! on different streams never share a lock on the hot path. Shared state is the
 //! stream table (written once per new stream) and the page counter in
 //! `pages`; with several streams, each change of the statistics also reads
-//! the machine's clock (the time-stamp counter: no memory shared), and a
-//! merge now and then locks every stream at once for a moment. Each stream's lock and state sit
+//! the machine's clock (the time-stamp counter: no memory shared), a
+//! merge now and then locks every stream at once for a moment, and a thread
+//! of the allocator's own (`settler`, started with the first merge) works
+//! out the device's peaks from what the merge took. Each stream's lock and state sit
 //! on cache lines of their own, apart from the stream ids and ranges other
 //! threads read (no false sharing). A free
 //! from another thread locks the owning stream. Out of memory
@@ -188,6 +190,7 @@ mod pages;
 mod pool;
 mod private;
 mod reuse;
+mod settler;
 mod stream;
 mod tally;
 mod validate;
@@ -370,9 +373,10 @@ impl CachalotAllocator {
     /// stream's is full.
     #[inline(always)]
     fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
+        let early = self.journal.early_stamp();
         let (out, fill) = {
             let mut st = entry.lock();
-            st.ledger.begin_op();
+            st.ledger.begin_op(early);
             let out = f(&mut st);
             st.ledger.end_op();
             (out, st.ledger.journal().map_or(Fill::Room, |j| j.fill()))
@@ -385,8 +389,8 @@ impl CachalotAllocator {
 
     /// A cut, unless one is being taken (which takes this stream's changes
     /// too, or the next one will: a journal may pass its limit meanwhile),
-    /// settled after letting go of the merge state; an overfull journal
-    /// waits for the merge state.
+    /// handed to the settler thread after letting go of the merge state; an
+    /// overfull journal waits for the merge state.
     #[cold]
     #[inline(never)]
     fn merge_when_full(&self, fill: Fill) {
@@ -398,9 +402,8 @@ impl CachalotAllocator {
         let Some(mut merged) = guard else { return };
         let cut = self.cut(&mut merged, |_| {});
         drop(merged);
-        if let Some(mut cut) = cut {
-            cut.settle();
-            self.journal.finish(cut);
+        if let Some(cut) = cut {
+            self.journal.settle_apart(cut);
         }
     }
 
