@@ -142,7 +142,7 @@ def scaling_table(native, cachalot):
         calls = s["8"].get("memory_calls", "-") if isinstance(s.get("8"), dict) else "-"
         print(f"| {name} | {' | '.join(cells)} | {ratio} | {rounds} | {calls} |")
     print("\n(ops per microsecond over all threads, each thread on its own stream; cachalot's rows:")
-    print("a timed window per run, the thread counts taking turns over five rounds, medians)")
+    print("a timed window per run, the thread counts taking turns over nine rounds, medians)")
 
 
 def main():

@@ -12,7 +12,7 @@
 //! them did over the time until the last stopped, in operations per
 //! microsecond, with the driver memory calls made while timed. A thread the
 //! host holds up does fewer operations instead of keeping the others' time
-//! running. The thread counts take turns, round after round (five rounds),
+//! running. The thread counts take turns, round after round (nine rounds),
 //! so that the host's drifts reach every count alike; each count's figure is
 //! its median over the rounds, and each round's 8 / 1 is kept too. Then the
 //! same on the simulated device, the allocator alone without the driver; then
@@ -54,7 +54,7 @@ struct Args {
 }
 
 /// Rounds of the threaded pattern, each running every thread count once.
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 9;
 
 /// Steps a thread runs between looks at whether the window has closed.
 const BATCH: u64 = 512;
