@@ -10,8 +10,8 @@
 //! streams.
 //!
 //! From the second stream on, every change a stream's ledger makes is also
-//! written to the stream's [`Journal`], stamped with the machine's clock read
-//! under the stream's lock: the processor's time-stamp counter through
+//! written to the stream's [`Journal`], stamped with the machine's clock
+//! within the operation that made it: the processor's time-stamp counter through
 //! `quanta`, which falls back to the operating system's monotonic clock where
 //! that counter is not invariant and synchronized across cores. The clock is
 //! read once per operation, as it begins (before the stream's lock is taken,
