@@ -241,11 +241,7 @@ impl Guard<'_> {
             }
             op::TUPLE | op::LIST | op::DICT | op::FROZENSET => {
                 let items = self.pop_mark()?;
-                match code {
-                    op::DICT => self.check_keys(&items, 2)?,
-                    op::FROZENSET => self.check_keys(&items, 1)?,
-                    _ => {}
-                }
+                self.check_keys(code, &items)?;
                 let shape = self.build(Shape::leaf(), items)?;
                 self.stack.push(Item::Value(shape));
             }
@@ -256,16 +252,13 @@ impl Guard<'_> {
             op::SETITEM => {
                 let value = self.pop()?;
                 let key = self.pop()?;
-                self.check_keys(std::slice::from_ref(&key), 1)?;
-                self.extend_top(vec![key, value])?;
+                let items = vec![key, value];
+                self.check_keys(code, &items)?;
+                self.extend_top(items)?;
             }
             op::APPENDS | op::SETITEMS | op::ADDITEMS => {
                 let items = self.pop_mark()?;
-                match code {
-                    op::SETITEMS => self.check_keys(&items, 2)?,
-                    op::ADDITEMS => self.check_keys(&items, 1)?,
-                    _ => {}
-                }
+                self.check_keys(code, &items)?;
                 self.extend_top(items)?;
             }
             other => {
@@ -341,9 +334,15 @@ impl Guard<'_> {
         }
     }
 
-    /// Refuses a float among the keys of `items` (every `step`-th item from the
-    /// first: dict keys alternate with values, set elements do not).
-    fn check_keys(&self, items: &[Item], step: usize) -> Result<(), TraceError> {
+    /// Refuses a float among the keys of `items`, which opcode `code` puts
+    /// in a dict (keys alternate with values) or a set (every item is an
+    /// element); the items of other opcodes are not keys.
+    fn check_keys(&self, code: u8, items: &[Item]) -> Result<(), TraceError> {
+        let step = match code {
+            op::DICT | op::SETITEM | op::SETITEMS => 2,
+            op::FROZENSET | op::ADDITEMS => 1,
+            _ => return Ok(()),
+        };
         if items.iter().step_by(step).any(|i| self.has_float(i)) {
             return self.fail("a float in a dict key or set element (its order is not total)");
         }
