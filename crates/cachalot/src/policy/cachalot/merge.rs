@@ -22,8 +22,8 @@
 //! The streams' currents and totals add up at a cut and are read from them;
 //! the device keeps only its peaks. The peaks of two cuts do not depend on
 //! each other, so a thread whose journal filled takes a cut under the merge
-//! state's lock and, after letting go of it, hands it to the settler thread
-//! (`settler`), which settles cuts off the allocating threads; a reader of
+//! state's lock and, after letting go of it, hands it to the settler threads
+//! (`settler`), which settle cuts off the allocating threads; a reader of
 //! the statistics (or a reset of the peaks) waits until every cut taken is
 //! settled, then takes and settles its own.
 
@@ -37,7 +37,7 @@ use super::levels::Levels;
 use super::settler::{MergeState, Settler};
 
 /// The device's side: the clock the streams stamp with, the merge state and
-/// the settler thread.
+/// the settler threads.
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
     clock: quanta::Clock,
@@ -79,7 +79,7 @@ impl DeviceJournal {
             .then(|| self.clock.raw())
     }
 
-    /// Settles a cut taken and let go of, on the settler thread where it
+    /// Settles a cut taken and let go of, on a settler thread where it
     /// can (`settler`).
     pub(crate) fn settle_apart(&self, cut: Cut) {
         self.settler.hand(cut, &self.state);

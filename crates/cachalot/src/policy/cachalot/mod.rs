@@ -139,9 +139,9 @@
 //! stream table (written once per new stream) and the page counter in
 //! `pages`; with several streams, each change of the statistics also reads
 //! the machine's clock (the time-stamp counter: no memory shared), a
-//! merge now and then locks every stream at once for a moment, and a thread
-//! of the allocator's own (`settler`, started with the first merge) works
-//! out the device's peaks from what the merge took. Each stream's lock and state sit
+//! merge now and then locks every stream at once for a moment, and threads
+//! of the allocator's own (`settler`, the first started with the first merge)
+//! work out the device's peaks from what the merge took. Each stream's lock and state sit
 //! on cache lines of their own, apart from the stream ids and ranges other
 //! threads read (no false sharing). A free
 //! from another thread locks the owning stream. Out of memory

@@ -1,4 +1,4 @@
-//! Settles the device's cuts on a thread of its own, off the threads that
+//! Settles the device's cuts on threads of their own, off the threads that
 //! allocate.
 //!
 //! Settling a cut (`merge`) is the costly part of exact peaks with several
@@ -10,16 +10,20 @@
 //! for the cut waited for all of it (some 30,000 changes: most of a
 //! millisecond). The peaks of separate cuts do not depend on each other, so
 //! a stream whose journal filled takes the cut (a moment, every stream
-//! locked) and hands it here; the settler thread settles the cuts in the
-//! order received and finishes each into the merge state. Readers of the
-//! statistics wait until every cut taken is settled, as before.
+//! locked) and hands it here; a settler thread settles it and finishes it
+//! into the merge state. Readers of the statistics wait until every cut
+//! taken is settled, as before.
 //!
-//! The thread starts with the first cut handed over (a device with one stream
-//! never takes one). Where it cannot be started, or [`QUEUE`] cuts already
-//! wait, the cut is settled by the thread that took it, as without a settler:
-//! memory held by cuts in flight stays bounded, and a host with no core to
-//! spare settles at the pace the allocating threads set. Dropping the settler
-//! closes its queue and joins the thread after the cuts queued are settled.
+//! The first thread starts with the first cut handed over (a device with one
+//! stream never takes one). Where [`QUEUE`] cuts already wait, the thread
+//! that took the cut settles it, as without a settler, and one more settler
+//! thread starts, up to a quarter of the machine's cores ([`THREADS`] at
+//! most): eight streams make changes faster than one thread settles them.
+//! Where no thread can be started, every cut is settled by the thread that
+//! took it. Memory held by cuts in flight stays bounded, and a host with no
+//! core to spare settles at the pace the allocating threads set. Dropping
+//! the settler closes its queue and joins its threads after the cuts queued
+//! are settled.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -31,6 +35,12 @@ use super::merge::{Cut, Merged};
 /// Cuts waiting for the settler at most; past that, the thread that took a
 /// cut settles it.
 pub(crate) const QUEUE: usize = 4;
+
+/// Settler threads at most: on the GPU benchmark's threaded pattern (8
+/// streams on the H100 host) the streams make about 70 changes a
+/// microsecond, and one thread settles about 40 (two fifths replayed at
+/// some 60 ns each).
+pub(crate) const THREADS: usize = 4;
 
 /// The merge state and the signal that a cut was settled: shared by the
 /// device's side and the settler thread.
@@ -82,58 +92,115 @@ impl MergeState {
     }
 }
 
-/// The settler thread and the queue to it.
+/// The queue to the settler threads, which they share.
 #[derive(Debug)]
-struct Worker {
-    queue: SyncSender<Cut>,
-    thread: JoinHandle<()>,
+struct Queue {
+    cuts: SyncSender<Cut>,
+    taken: Arc<Mutex<Receiver<Cut>>>,
 }
 
-impl Worker {
-    /// Starts the thread; `None` where the system refuses one.
-    fn start(state: Arc<MergeState>) -> Option<Worker> {
-        let (queue, cuts) = sync_channel(QUEUE);
-        let thread = std::thread::Builder::new()
-            .name("cachalot-settler".to_string())
-            .spawn(move || Worker::run(&state, &cuts))
-            .ok()?;
-        Some(Worker { queue, thread })
+impl Queue {
+    fn new() -> Queue {
+        let (cuts, taken) = sync_channel(QUEUE);
+        Queue {
+            cuts,
+            taken: Arc::new(Mutex::new(taken)),
+        }
     }
 
-    fn run(state: &MergeState, cuts: &Receiver<Cut>) {
-        while let Ok(cut) = cuts.recv() {
-            state.settle(cut);
+    /// Starts a settler thread on the queue; `None` where the system refuses
+    /// one.
+    fn start(&self, state: &Arc<MergeState>) -> Option<JoinHandle<()>> {
+        let (state, taken) = (state.clone(), self.taken.clone());
+        std::thread::Builder::new()
+            .name("cachalot-settler".to_string())
+            .spawn(move || Queue::run(&state, &taken))
+            .ok()
+    }
+
+    /// Settles cuts until the queue is closed and emptied. One thread at a
+    /// time waits on the queue; the others wait for it to take a cut.
+    fn run(state: &MergeState, taken: &Mutex<Receiver<Cut>>) {
+        loop {
+            let cut = taken.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            match cut {
+                Ok(cut) => state.settle(cut),
+                Err(_) => return,
+            }
         }
     }
 }
 
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Settler {
-    worker: OnceLock<Option<Worker>>,
+    queue: OnceLock<Queue>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Settler threads at most.
+    most: usize,
+}
+
+impl Default for Settler {
+    /// At most a quarter of the machine's cores settle (one to [`THREADS`]).
+    fn default() -> Settler {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Settler::with_threads((cores / 4).clamp(1, THREADS))
+    }
 }
 
 impl Settler {
-    /// Settles `cut` on the settler thread (started on first use), or here
-    /// where it cannot take it (module docs).
-    pub(crate) fn hand(&self, cut: Cut, state: &Arc<MergeState>) {
-        let worker = self.worker.get_or_init(|| Worker::start(state.clone()));
-        let cut = match worker {
-            Some(w) => match w.queue.try_send(cut) {
+    /// A settler of at most `most` threads.
+    pub(crate) fn with_threads(most: usize) -> Settler {
+        Settler {
+            queue: OnceLock::new(),
+            threads: Mutex::new(Vec::new()),
+            most,
+        }
+    }
+
+    /// Settles `cut` on a settler thread (the first started on first use),
+    /// or here where the queue is full (starting one more thread, up to the
+    /// most) or no thread can be started (module docs).
+    pub(crate) fn hand(&self, mut cut: Cut, state: &Arc<MergeState>) {
+        let queue = self.queue.get_or_init(Queue::new);
+        let running = !self.threads().is_empty();
+        if running || self.grow(queue, state) {
+            match queue.cuts.try_send(cut) {
                 Ok(()) => return,
-                Err(TrySendError::Full(cut) | TrySendError::Disconnected(cut)) => cut,
-            },
-            None => cut,
-        };
+                Err(TrySendError::Full(back) | TrySendError::Disconnected(back)) => cut = back,
+            }
+            self.grow(queue, state);
+        }
         state.settle(cut);
+    }
+
+    /// Settler threads started so far.
+    fn threads(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts one more settler thread, unless the most are running or the
+    /// system refuses one: whether one started.
+    fn grow(&self, queue: &Queue, state: &Arc<MergeState>) -> bool {
+        let mut threads = self.threads();
+        if threads.len() >= self.most {
+            return false;
+        }
+        match queue.start(state) {
+            Some(thread) => {
+                threads.push(thread);
+                true
+            }
+            None => false,
+        }
     }
 }
 
 impl Drop for Settler {
     fn drop(&mut self) {
-        if let Some(Some(Worker { queue, thread })) = self.worker.take() {
-            // The thread ends once the queue is closed and emptied.
-            drop(queue);
+        // The threads end once the queue is closed and emptied.
+        drop(self.queue.take());
+        for thread in self.threads().drain(..) {
             let _ = thread.join();
         }
     }
@@ -143,26 +210,66 @@ impl Drop for Settler {
 mod tests {
     use super::*;
 
-    /// More cuts than the queue holds, handed over at once: each is settled
-    /// (on the thread, or here once the queue is full), readers wait for all
-    /// of them, and dropping the settler joins its thread.
-    #[test]
-    fn every_cut_handed_over_is_settled() {
+    /// Hands `n` cuts to `settler` at once.
+    fn hand_cuts(settler: &Settler, state: &Arc<MergeState>, n: usize) {
+        for _ in 0..n {
+            let cut = state.lock().as_mut().map(Merged::begin).expect("merging");
+            settler.hand(cut, state);
+        }
+    }
+
+    /// Whether every cut handed over was settled, once readers stop waiting.
+    fn all_settled(state: &MergeState) -> bool {
+        state
+            .wait_idle(state.lock())
+            .as_ref()
+            .is_some_and(Merged::idle)
+    }
+
+    fn merging() -> Arc<MergeState> {
         let state = Arc::new(MergeState::default());
         *state.lock() = Some(Merged::default());
+        state
+    }
+
+    /// More cuts than the queue holds, handed over at once: each is settled
+    /// (on a thread, or here once the queue is full), readers wait for all
+    /// of them, and dropping the settler joins its threads.
+    #[test]
+    fn every_cut_handed_over_is_settled() {
+        let state = merging();
         let settler = Settler::default();
-        for _ in 0..10 * QUEUE {
-            let cut = state.lock().as_mut().map(Merged::begin).expect("merging");
-            settler.hand(cut, &state);
-        }
-        let guard = state.wait_idle(state.lock());
-        assert!(guard.as_ref().is_some_and(Merged::idle));
-        drop(guard);
+        hand_cuts(&settler, &state, 10 * QUEUE);
+        assert!(all_settled(&state));
         drop(settler);
         assert_eq!(
             Arc::strong_count(&state),
             1,
-            "the thread let go of the state"
+            "the threads let go of the state"
         );
+    }
+
+    /// A full queue starts one more thread per cut that found it full, up
+    /// to the most, and none past that.
+    #[test]
+    fn a_full_queue_starts_threads_up_to_the_most() {
+        let state = merging();
+        let settler = Settler::with_threads(2);
+        let queue = settler.queue.get_or_init(Queue::new);
+        let held = queue.taken.lock().expect("the queue");
+        hand_cuts(&settler, &state, QUEUE);
+        assert_eq!(
+            settler.threads().len(),
+            1,
+            "one thread while the queue has room"
+        );
+        hand_cuts(&settler, &state, 1);
+        assert_eq!(settler.threads().len(), 2, "a full queue starts another");
+        hand_cuts(&settler, &state, 3);
+        assert_eq!(settler.threads().len(), 2, "never past the most");
+        drop(held);
+        assert!(all_settled(&state));
+        drop(settler);
+        assert_eq!(Arc::strong_count(&state), 1);
     }
 }
