@@ -65,8 +65,11 @@ impl DeviceJournal {
     /// Waits, the merge state locked, until every cut taken is settled.
     pub(crate) fn wait_idle<'a>(
         &self,
-        guard: MutexGuard<'a, Option<Merged>>,
+        mut guard: MutexGuard<'a, Option<Merged>>,
     ) -> MutexGuard<'a, Option<Merged>> {
+        if let Some(m) = guard.as_mut() {
+            m.own();
+        }
         self.state.wait_idle(guard)
     }
 
@@ -120,6 +123,7 @@ impl DeviceJournal {
     pub(crate) fn start(&self, merged: &mut Option<Merged>, only: &mut Figures) -> Journal {
         *merged = Some(Merged {
             peaks: only.tops(),
+            pid: std::process::id(),
             ..Merged::default()
         });
         self.several.store(true, Ordering::Relaxed);
@@ -140,8 +144,12 @@ pub(crate) struct Merged {
     spare: Vec<Run>,
     /// Cuts taken and not yet settled.
     in_flight: usize,
-    /// Whether a settle panicked (a bug: its peaks may be low).
-    lost: bool,
+    /// The process whose threads hold the cuts in flight (see
+    /// [`Merged::own`]).
+    pid: u32,
+    /// Why some changes never reached the peaks (which may be low), if any
+    /// did not.
+    lost: Option<&'static str>,
 }
 
 /// One cut's runs (one per stream), settled apart from the merge state: the
@@ -172,6 +180,7 @@ impl Merged {
     /// Starts a cut (the streams' runs are added to it, then it is settled
     /// and finished).
     pub(crate) fn begin(&mut self) -> Cut {
+        self.own();
         self.in_flight += 1;
         Cut {
             runs: Vec::new(),
@@ -188,7 +197,23 @@ impl Merged {
 
     /// Notes that a cut's settle panicked.
     pub(crate) fn mark_lost(&mut self) {
-        self.lost = true;
+        self.lost = Some("settling a cut panicked");
+    }
+
+    /// Makes the cuts in flight this process's. In a child forked while
+    /// some were, they stay with threads the child does not have (a cut's
+    /// taker, a settler thread): the child forgets them, so that its readers
+    /// never wait for them, and `validate` reports the loss. Called under
+    /// the merge state's lock before a cut begins or a reader waits.
+    pub(crate) fn own(&mut self) {
+        let pid = std::process::id();
+        if self.pid != pid {
+            if self.in_flight > 0 {
+                self.lost = Some("cuts in flight when the process forked were lost");
+            }
+            self.in_flight = 0;
+            self.pid = pid;
+        }
     }
 
     /// Whether every cut taken is settled.
@@ -214,7 +239,11 @@ impl Merged {
             "{} cuts were never settled",
             self.in_flight
         );
-        crate::ensure_invariant!(!self.lost, "settling a cut panicked");
+        if let Some(why) = self.lost {
+            return Err(InvariantViolation(format!(
+                "device peaks may be low: {why}"
+            )));
+        }
         if let Some((family, pool)) = self.peaks.first_below(now) {
             return Err(InvariantViolation(format!(
                 "device peak (family {family}, pool {pool}) is below the streams' current sum"
@@ -535,6 +564,23 @@ mod tests {
         let mut stats = MemoryStats::new(None);
         m.peaks().write_peaks(&mut stats);
         assert_eq!(stats.allocated_bytes.all.peak, 120);
+    }
+
+    /// A cut in flight when the process forked stays with the parent's
+    /// threads: the child forgets it (its readers do not wait for it) and
+    /// `validate` says its peaks may be low; the parent keeps waiting for it.
+    #[test]
+    fn cuts_in_flight_at_a_fork_are_forgotten_and_reported() {
+        let mut merged = Merged::default();
+        let cut = merged.begin();
+        merged.own();
+        assert!(!merged.idle(), "in the same process the cut is awaited");
+        merged.pid = merged.pid.wrapping_add(1);
+        merged.own();
+        assert!(merged.idle(), "a forked child does not wait for it");
+        let err = merged.validate(&Levels::default()).unwrap_err();
+        assert!(err.0.contains("forked"), "{}", err.0);
+        drop(cut);
     }
 
     /// A stamp read as an operation began, before its stream's lock, may be

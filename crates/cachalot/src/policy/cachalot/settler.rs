@@ -20,7 +20,9 @@
 //! thread starts, up to a quarter of the machine's cores ([`THREADS`] at
 //! most): eight streams make changes faster than one thread settles them.
 //! Where no thread can be started, every cut is settled by the thread that
-//! took it. Memory held by cuts in flight stays bounded, and a host with no
+//! took it, and so is every cut of a child process forked from this one
+//! (it has none of the parent's threads; cuts in flight at the fork are
+//! forgotten there, see `Merged::own`). Memory held by cuts in flight stays bounded, and a host with no
 //! core to spare settles at the pace the allocating threads set. Dropping
 //! the settler closes its queue and joins its threads after the cuts queued
 //! are settled.
@@ -97,6 +99,8 @@ impl MergeState {
 struct Queue {
     cuts: SyncSender<Cut>,
     taken: Arc<Mutex<Receiver<Cut>>>,
+    /// The process the threads run in: a child forked from it has none.
+    pid: u32,
 }
 
 impl Queue {
@@ -105,7 +109,13 @@ impl Queue {
         Queue {
             cuts,
             taken: Arc::new(Mutex::new(taken)),
+            pid: std::process::id(),
         }
+    }
+
+    /// Whether this is a child forked from the process the threads run in.
+    fn forked(&self) -> bool {
+        self.pid != std::process::id()
     }
 
     /// Starts a settler thread on the queue; `None` where the system refuses
@@ -163,6 +173,9 @@ impl Settler {
     /// most) or no thread can be started (module docs).
     pub(crate) fn hand(&self, mut cut: Cut, state: &Arc<MergeState>) {
         let queue = self.queue.get_or_init(Queue::new);
+        if queue.forked() {
+            return state.settle(cut);
+        }
         let running = !self.threads().is_empty();
         if running || self.grow(queue, state) {
             match queue.cuts.try_send(cut) {
@@ -198,9 +211,17 @@ impl Settler {
 
 impl Drop for Settler {
     fn drop(&mut self) {
+        let queue = self.queue.take();
+        let threads = std::mem::take(&mut *self.threads());
+        if queue.as_ref().is_some_and(Queue::forked) {
+            // A forked child has none of the threads: nothing to close,
+            // join or detach.
+            std::mem::forget((queue, threads));
+            return;
+        }
         // The threads end once the queue is closed and emptied.
-        drop(self.queue.take());
-        for thread in self.threads().drain(..) {
+        drop(queue);
+        for thread in threads {
             let _ = thread.join();
         }
     }
