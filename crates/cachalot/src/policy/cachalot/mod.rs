@@ -389,7 +389,7 @@ impl CachalotAllocator {
 
     /// A cut, unless one is being taken (which takes this stream's changes
     /// too, or the next one will: a journal may pass its limit meanwhile),
-    /// handed to the settler thread after letting go of the merge state; an
+    /// handed to the settler threads after letting go of the merge state; an
     /// overfull journal waits for the merge state.
     #[cold]
     #[inline(never)]

@@ -22,10 +22,10 @@
 //! Where no thread can be started, every cut is settled by the thread that
 //! took it, and so is every cut of a child process forked from this one
 //! (it has none of the parent's threads; cuts in flight at the fork are
-//! forgotten there, see `Merged::own`). Memory held by cuts in flight stays bounded, and a host with no
-//! core to spare settles at the pace the allocating threads set. Dropping
-//! the settler closes its queue and joins its threads after the cuts queued
-//! are settled.
+//! forgotten there, see `Merged::own`). Memory held by cuts in flight stays
+//! bounded, and a host with no core to spare settles at the pace the
+//! allocating threads set. Dropping the settler closes its queue and joins
+//! its threads after the cuts queued are settled.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -45,7 +45,7 @@ pub(crate) const QUEUE: usize = 4;
 pub(crate) const THREADS: usize = 4;
 
 /// The merge state and the signal that a cut was settled: shared by the
-/// device's side and the settler thread.
+/// device's side and the settler threads.
 #[derive(Debug, Default)]
 pub(crate) struct MergeState {
     merged: Mutex<Option<Merged>>,
