@@ -143,6 +143,10 @@ def scaling_table(native, cachalot):
         print(f"| {name} | {' | '.join(cells)} | {ratio} | {rounds} | {calls} |")
     print("\n(ops per microsecond over all threads, each thread on its own stream; cachalot's rows:")
     print("a timed window per run, the thread counts taking turns over nine rounds, medians)")
+    clock = cachalot.get("clock_read_ns")
+    if clock is not None:
+        print("\nA read of the clock the cachalot policy stamps each operation with while the device has")
+        print(f"several streams (the time-stamp counter, through quanta) takes {clock:.1f} ns on this host.")
 
 
 def main():

@@ -17,7 +17,9 @@
 //! its median over the rounds, and each round's 8 / 1 is kept too. Then the
 //! same on the simulated device, the allocator alone without the driver; then
 //! the cachalot policy with an allocator per thread on the simulated device
-//! (nothing shared: the machine's own scaling).
+//! (nothing shared: the machine's own scaling). Last, what one read of the
+//! clock the cachalot policy's journals stamp with costs on this host (each
+//! operation reads it once while a device has several streams).
 //!
 //! Usage: gpu --ops DIR --out FILE.json [--passes N] [--steps N] [--window-ms N] [--threads 1,2,4,8]
 //! Without a GPU it prints "skipped: no GPU (...)" and runs only the cachalot
@@ -407,13 +409,39 @@ fn scaling_apart(args: &Args) -> BoxResult<Value> {
     )
 }
 
+/// Nanoseconds per read of the clock the cachalot policy's journals stamp
+/// with (`quanta`'s: the time-stamp counter where it is usable), the median
+/// of five loops of a million reads; printed and returned for the JSON.
+fn clock_read_ns() -> f64 {
+    const READS: u32 = 1_000_000;
+    let clock = quanta::Clock::new();
+    let mut loops: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let mut sum = 0u64;
+            for _ in 0..READS {
+                sum = sum.wrapping_add(clock.raw());
+            }
+            std::hint::black_box(sum);
+            start.elapsed().as_nanos() as f64 / f64::from(READS)
+        })
+        .collect();
+    loops.sort_by(f64::total_cmp);
+    let ns = loops[loops.len() / 2];
+    println!("clock read (the journals' stamp): {ns:.1} ns");
+    ns
+}
+
 /// Without a GPU: the threaded pattern on the simulated device, one allocator
 /// shared and one per thread, written to `--out` as the GPU run writes its
-/// `scaling_sim` and `scaling_sim_apart`.
+/// `scaling_sim` and `scaling_sim_apart`, with the clock's cost.
 fn simulated_scaling_only(args: &Args) -> BoxResult<()> {
     let key = "cachalot:cachalot";
     let shared = scaling_table(Device::Sim, key, PolicyKind::Cachalot, args, Sharing::One)?;
-    let out = json!({ "scaling_sim": { key: shared }, "scaling_sim_apart": scaling_apart(args)? });
+    let out = json!({
+        "scaling_sim": { key: shared }, "scaling_sim_apart": scaling_apart(args)?,
+        "clock_read_ns": clock_read_ns(),
+    });
     std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
@@ -477,7 +505,7 @@ fn main() -> BoxResult<()> {
     let caps = gpu.capabilities();
     let out = json!({
         "gpu": caps.name, "replay": replays, "scaling": scalings, "scaling_sim": sim_scalings,
-        "scaling_sim_apart": apart,
+        "scaling_sim_apart": apart, "clock_read_ns": clock_read_ns(),
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&out)?)?;
     Ok(())
