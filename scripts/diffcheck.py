@@ -35,6 +35,11 @@ the conformance suite cover those frees).
 
     python3 scripts/diffcheck.py --programs 5000 --ops 120 --json out.json --markdown out.md
 
+With `--seconds S` every process starts no program after S seconds from the
+start (5000 programs per configuration take some 13 minutes on an H100 host,
+more than a device call), and the programs both processes of a configuration
+ran are compared: the table says how many that was.
+
 With `--golden DIR` it records instead: PyTorch's own allocator runs
 `--programs` programs per configuration, and DIR/pools.<configuration>.json.gz gets each program's
 operations and memory_stats() after each, for `cachalot parity`.
@@ -364,6 +369,8 @@ def worker(args):
     streams = [torch.cuda.current_stream()] + [torch.cuda.Stream() for _ in range(STREAMS - 1)]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else range(args.first, args.first + args.programs)
     for seed in seeds:
+        if args.deadline is not None and time.time() > args.deadline:
+            break
         ops = program(seed, args.ops, single_record=args.single_record, private_pools=not args.no_private_pools)
         golden = [] if args.golden_ops else None
         if args.verbose:
@@ -382,8 +389,10 @@ def worker(args):
 # ----------------------------------------------------------------------------
 
 
-def _worker_cmd(allocator, args, conf, seeds=None, full=False):
+def _worker_cmd(allocator, args, conf, seeds=None, full=False, deadline=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", allocator, "--ops", str(args.ops)]
+    if deadline is not None:
+        cmd += ["--deadline", f"{deadline:.3f}"]
     if "expandable_segments:True" in conf:
         # PyTorch 2.11's private pools on expandable segments fail its own
         # assert at an empty_cache (cudaMalloc_count > 0): none there.
@@ -418,8 +427,12 @@ def first_difference(native, other):
     return (min(len(native), len(other)), []) if len(native) != len(other) else None
 
 
-def compare(native, other):
-    """`(programs compared, [seeds that differ])`."""
+def compare(native, other, budgeted=False):
+    """`(programs compared, [seeds that differ])`; with a time budget, only
+    the programs both ran."""
+    if budgeted:
+        native = {s: t for s, t in native.items() if s in other}
+        other = {s: t for s, t in other.items() if s in native}
     differ = [s for s in sorted(native) if native[s] != other.get(s)]
     differ += [s for s in sorted(other) if s not in native]
     return len(native), differ
@@ -459,11 +472,12 @@ def _explain(name, conf, args, seeds):
 def driver(args):
     names = args.configs.split(",")
     started = time.time()
+    deadline = started + args.seconds if args.seconds is not None else None
     procs = {}
     for name in names:
         for allocator in ("native", "cachalot"):
             procs[(name, allocator)] = subprocess.Popen(
-                _worker_cmd(allocator, args, CONFIGS[name]), env=_env(allocator, CONFIGS[name]),
+                _worker_cmd(allocator, args, CONFIGS[name], deadline=deadline), env=_env(allocator, CONFIGS[name]),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
     outputs = {key: p.communicate() + (p.returncode,) for key, p in procs.items()}
@@ -474,7 +488,7 @@ def driver(args):
         row = {"config": name, "conf": CONFIGS[name], "ops": args.ops}
         if n_rc != 0 or c_rc != 0:
             row["error"] = f"native exit {n_rc}, cachalot exit {c_rc}: {(n_err or c_err)[-400:]}"
-        programs, differ = compare(native, other)
+        programs, differ = compare(native, other, budgeted=deadline is not None)
         row.update({"programs": programs, "operations": sum(map(len, native.values())), "differ": len(differ),
                     "differing_seeds": differ[:50]})
         row["explained"] = _explain(name, CONFIGS[name], args, differ[: args.explain]) if differ else []
@@ -487,13 +501,15 @@ def driver(args):
         with open(args.markdown, "w") as f:
             f.write(text)
     print(text)
-    return 1 if any(r["differ"] or "error" in r or r["programs"] < args.programs for r in rows) else 0
+    least = 1 if deadline is not None else args.programs
+    return 1 if any(r["differ"] or "error" in r or r["programs"] < least for r in rows) else 0
 
 
 def _markdown(rows, args, wall):
     lines = [
-        f"Differential checker: {args.programs} programs of {args.ops} operations per configuration "
-        f"(seeds {args.first}..{args.first + args.programs - 1}), {wall:.0f} s.",
+        f"Differential checker: {'up to ' if args.seconds is not None else ''}{args.programs} programs of "
+        f"{args.ops} operations per configuration (seeds from {args.first}"
+        f"{f', none started after {args.seconds:.0f} s' if args.seconds is not None else ''}), {wall:.0f} s.",
         "",
         "| configuration | programs | operations | programs whose statistics differ | |",
         "|---|---|---|---|---|",
@@ -536,16 +552,20 @@ def main():
     p.add_argument("--golden-ops", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-private-pools", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--golden", metavar="DIR", help="record golden files for `cachalot parity` instead")
     p.add_argument("--single-record", action="store_true", help="record each tensor on one other stream at most")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--programs", type=int, default=5000, help="programs per configuration")
     p.add_argument("--first", type=int, default=0, help="first seed")
+    p.add_argument("--seconds", type=float, help="start no program after this many seconds (a time budget)")
     p.add_argument("--ops", type=int, default=120, help="operations per program")
     p.add_argument("--explain", type=int, default=3, help="differing programs run again to name the keys")
     p.add_argument("--json")
     p.add_argument("--markdown")
     args = p.parse_args()
+    if args.seconds is not None and not args.seconds > 0:
+        p.error(f"--seconds must be positive, not {args.seconds}")
     if args.worker:
         args.allocator = args.worker
         worker(args)

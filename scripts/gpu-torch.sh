@@ -10,7 +10,9 @@
 #   --run        only what follows, in the environment --prepare made
 #   --run-quick  the same, without the benchmark and the proof (as --quick)
 #   --diff       only the differential checker (scripts/diffcheck.py: DIFF_PROGRAMS
-#                programs per configuration, default 5000), in that environment
+#                programs per configuration, default 5000, none started after
+#                DIFF_SECONDS, default 150: 5000 take longer than a device call),
+#                in that environment
 #   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
 #                GPU, DIST_ARGS passed on), in the environment --prepare made
 set -uo pipefail
@@ -25,7 +27,7 @@ cd /tmp  # import the installed package, not a checkout's
 diffcheck() {
   echo "--- differential checker: random programs on PyTorch's allocator and on the pytorch policy"
   "$venv/bin/python" "$dir/scripts/diffcheck.py" --programs "${DIFF_PROGRAMS:-5000}" \
-    --json "$out/diffcheck.json" --markdown "$out/diffcheck.md"
+    --seconds "${DIFF_SECONDS:-150}" --json "$out/diffcheck.json" --markdown "$out/diffcheck.md"
 }
 if [ "$mode" = --diff ]; then
   diffcheck

@@ -73,6 +73,9 @@ def test_differences_are_found_and_named(dc):
     assert dc.compare(native, {1: ["a", "b", "c"], 2: ["a", "b"]}) == (2, [])
     assert dc.compare(native, {1: ["a", "x", "c"], 2: ["a", "b"]}) == (2, [1])
     assert dc.compare(native, {1: ["a", "b", "c"]}) == (2, [2])
+    # Under a time budget, only the programs both processes ran count.
+    assert dc.compare(native, {1: ["a", "b", "c"]}, budgeted=True) == (1, [])
+    assert dc.compare(native, {1: ["a", "x", "c"], 3: ["a"]}, budgeted=True) == (1, [1])
     a = [{"k": 1, "j": 2}, {"k": 1, "j": 3}]
     assert dc.first_difference(a, [{"k": 1, "j": 2}, {"k": 2, "j": 3}]) == (1, ["k"])
     assert dc.first_difference(a, a) is None
