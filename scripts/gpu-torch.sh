@@ -7,7 +7,8 @@
 # the tuner's proof (scripts/tune_proof.py).
 # Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--diff|--dist]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
-#   --run        only what follows, in the environment --prepare made
+#   --run        only what follows but the differential checker, in the
+#                environment --prepare made (gpu.sh runs the checker apart)
 #   --run-quick  the same, without the benchmark and the proof (as --quick)
 #   --diff       only the differential checker (scripts/diffcheck.py: DIFF_PROGRAMS
 #                programs per configuration, default 5000, none started after
@@ -59,8 +60,10 @@ for policy in pytorch cachalot; do
   CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
     || { status=1; echo "FAILED: plug-in suite ($policy)"; }
 done
-if [ "$mode" != --quick ] && [ "$mode" != --run-quick ]; then
+if [ -z "$mode" ]; then
   diffcheck || status=1
+fi
+if [ "$mode" != --quick ] && [ "$mode" != --run-quick ]; then
   "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
   echo "--- cachalot tune, proven: each model's snapshot tuned, the model run again with the setting"

@@ -10,9 +10,9 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay driver bench torch dist; the tables always): the whole script takes longer than
-# one 10-minute device call, so a session runs it in two, e.g.
-# ONLY="record bench" and ONLY="tests sanitizer checks replay torch"; the
+# replay driver bench torch diff dist; the tables always): the whole script takes longer than
+# one 10-minute device call, so a session runs it in three, e.g.
+# ONLY="record tests bench", ONLY="sanitizer checks replay diff" and ONLY="torch"; the
 # multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
 # more (DIST_NPROC=1 runs it with one rank) and a call of its own.
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
@@ -44,7 +44,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if { want torch || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want diff || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -168,6 +168,20 @@ else
   echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
 fi
 
+fi
+
+if want diff; then
+section "6c. differential checker: random programs on PyTorch's allocator and on the pytorch policy, one process after another (DIFF_SECONDS, default 150)"
+if [ -z "$prepare_pid" ]; then
+  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+else
+  want torch || cat /tmp/cachalot-prepare.log
+  if [ "$prepared" -ne 0 ]; then
+    status=1; echo "FAILED: the drop-in's environment"
+  else
+    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --diff || status=1
+  fi
+fi
 fi
 
 if want dist; then
