@@ -573,7 +573,7 @@ def main():
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--programs", type=int, default=5000, help="programs per configuration")
     p.add_argument("--first", type=int, default=0, help="first seed")
-    p.add_argument("--seconds", type=float, help="start no program after this many seconds (a time budget)")
+    p.add_argument("--seconds", type=float, help="a time budget, shared out over the configurations and allocators")
     p.add_argument("--ops", type=int, default=120, help="operations per program")
     p.add_argument("--explain", type=int, default=3, help="differing programs run again to name the keys")
     p.add_argument("--json")

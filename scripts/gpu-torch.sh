@@ -11,9 +11,9 @@
 #                environment --prepare made (gpu.sh runs the checker apart)
 #   --run-quick  the same, without the benchmark and the proof (as --quick)
 #   --diff       only the differential checker (scripts/diffcheck.py: DIFF_PROGRAMS
-#                programs per configuration, default 5000, none started after
-#                DIFF_SECONDS, default 150: 5000 take longer than a device call),
-#                in that environment
+#                programs per configuration, default 5000, as many as fit in
+#                DIFF_SECONDS, default 150, shared out: 5000 take longer than a
+#                device call), in that environment
 #   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
 #                GPU, DIST_ARGS passed on), in the environment --prepare made
 set -uo pipefail
