@@ -49,6 +49,21 @@ if { want torch || want diff || want dist; } && ls "$torch_dir"/cachalot_torch-*
   prepare_pid=$!
 fi
 
+# Runs gpu-torch.sh in mode $1 in the drop-in's environment (made in the
+# background above), its log shown once, before the first such run.
+drop_in() {
+  if [ -z "$prepare_pid" ]; then
+    echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
+    return
+  fi
+  [ -n "${prepare_shown:-}" ] || { cat /tmp/cachalot-prepare.log; prepare_shown=1; }
+  if [ "$prepared" -ne 0 ]; then
+    status=1; echo "FAILED: the drop-in's environment"
+  else
+    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" "$1" || status=1
+  fi
+}
+
 if want record; then
 section "0. recordings: new workloads traced under PyTorch's allocators (record_traces.py), added to the benchmark's op lists"
 python3 "$bin/scripts/record_traces.py" "$out/traces" || status=1
@@ -157,47 +172,22 @@ fi
 
 if want torch; then
 section "6. PyTorch drop-in: the wheel in a fresh venv, the plug-in suite per policy, real models, the tuner proven"
-if [ -n "$prepare_pid" ]; then
-  cat /tmp/cachalot-prepare.log
-  if [ "$prepared" -ne 0 ]; then
-    status=1; echo "FAILED: the drop-in's environment"
-  else
-    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" "--run${quick:+-quick}" || status=1
-  fi
-else
-  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
-fi
+drop_in "--run${quick:+-quick}"
 
 fi
 
 if want diff; then
 section "6c. differential checker: random programs on PyTorch's allocator and on the pytorch policy, one process after another (DIFF_SECONDS, default 150)"
-if [ -z "$prepare_pid" ]; then
-  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
-else
-  want torch || cat /tmp/cachalot-prepare.log
-  if [ "$prepared" -ne 0 ]; then
-    status=1; echo "FAILED: the drop-in's environment"
-  else
-    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --diff || status=1
-  fi
-fi
+drop_in --diff
 fi
 
 if want dist; then
 section "6b. multi-GPU training: DDP (GPT-2, resnet50) and FSDP2 (Llama), one rank per GPU, each allocator"
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-if [ -z "$prepare_pid" ]; then
-  echo "skipped: no cachalot_torch wheel in $torch_dir (scripts/build-gpu-torch.sh builds it)"
-elif [ "$gpus" -lt 2 ] && [ -z "${DIST_NPROC:-}" ]; then
+if [ -n "$prepare_pid" ] && [ "$gpus" -lt 2 ] && [ -z "${DIST_NPROC:-}" ]; then
   echo "skipped: $gpus GPU here; the multi-GPU training needs two or more (DIST_NPROC=1 runs it with one rank)"
 else
-  want torch || cat /tmp/cachalot-prepare.log
-  if [ "$prepared" -ne 0 ]; then
-    status=1; echo "FAILED: the drop-in's environment"
-  else
-    bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --dist || status=1
-  fi
+  drop_in --dist
 fi
 fi
 
