@@ -3,7 +3,7 @@
 //!
 //! Settling a cut (`merge`) is the costly part of exact peaks with several
 //! streams: on the GPU benchmark's threaded pattern (8 streams), about two
-//! fifths of the changes are replayed one by one, about 24 ns each on the
+//! fifths of the changes are replayed one by one, 58 to 68 ns each on the
 //! H100 host. Settled by the thread whose journal filled, that cost about
 //! 19 ns an operation at 8 threads (63.8 against 75.2 operations per
 //! microsecond with no settling at all), and the one allocation that asked
