@@ -5,11 +5,13 @@
 # `python -m cachalot_torch` (which compiles the C++ allocator), runs the
 # plug-in suite once per policy, then (unless --quick) the model benchmark and
 # the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--diff|--dist]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows but the differential checker, in the
 #                environment --prepare made (gpu.sh runs the checker apart)
-#   --run-quick  the same, without the benchmark and the proof (as --quick)
+#   --run-quick  the same, without the benchmark and the proof (as --quick):
+#                the plug-in suite per policy (about 5 minutes on an H100)
+#   --models     only the benchmark and the proof (about 5 minutes), in that environment
 #   --diff       only the differential checker (scripts/diffcheck.py: DIFF_PROGRAMS
 #                programs per configuration, default 5000, as many as fit in
 #                DIFF_SECONDS, default 150, shared out: 5000 take longer than a
@@ -17,7 +19,7 @@
 #   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
 #                GPU, DIST_ARGS passed on), in the environment --prepare made
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--diff|--dist]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
@@ -41,7 +43,7 @@ if [ "$mode" = --dist ]; then
     --json "$out/dist.json" --markdown "$out/dist.md" ${DIST_ARGS:-}
 fi
 
-if [ "$mode" != --run ] && [ "$mode" != --run-quick ]; then
+if [ "$mode" != --run ] && [ "$mode" != --run-quick ] && [ "$mode" != --models ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   # The machine's torch may live in another environment: the new one sees it
@@ -55,11 +57,13 @@ if [ "$mode" != --run ] && [ "$mode" != --run-quick ]; then
   [ "$mode" = --prepare ] && exit 0
 fi
 
-for policy in pytorch cachalot; do
-  echo "--- plug-in suite, policy:$policy"
-  CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
-    || { status=1; echo "FAILED: plug-in suite ($policy)"; }
-done
+if [ "$mode" != --models ]; then
+  for policy in pytorch cachalot; do
+    echo "--- plug-in suite, policy:$policy"
+    CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
+      || { status=1; echo "FAILED: plug-in suite ($policy)"; }
+  done
+fi
 if [ -z "$mode" ]; then
   diffcheck || status=1
 fi

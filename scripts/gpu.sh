@@ -10,9 +10,10 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay driver bench torch diff dist; the tables always): the whole script takes longer than
-# one 10-minute device call, so a session runs it in three, e.g.
-# ONLY="record tests bench", ONLY="sanitizer checks replay diff" and ONLY="torch"; the
+# replay driver bench torch models diff dist; the tables always): the whole script takes longer than
+# one 10-minute device call, so a session runs it in four, e.g.
+# ONLY="record tests bench", ONLY="sanitizer checks replay driver diff", ONLY="torch"
+# (the plug-in suite per policy) and ONLY="models" (real models, the tuner proven); the
 # multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
 # more (DIST_NPROC=1 runs it with one rank) and a call of its own.
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
@@ -44,7 +45,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if { want torch || want diff || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want models || want diff || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -171,9 +172,13 @@ fi
 fi
 
 if want torch; then
-section "6. PyTorch drop-in: the wheel in a fresh venv, the plug-in suite per policy, real models, the tuner proven"
-drop_in "--run${quick:+-quick}"
+section "6. PyTorch drop-in: the wheel in a fresh venv, the plug-in suite per policy"
+drop_in --run-quick
+fi
 
+if want models && [ -z "$quick" ]; then
+section "6a. PyTorch drop-in: real models on each allocator, the tuner proven"
+drop_in --models
 fi
 
 if want diff; then
