@@ -473,11 +473,10 @@ def _explain(name, conf, args, seeds):
 def driver(args):
     names = args.configs.split(",")
     started = time.time()
-    # One process at a time: with the two allocators' processes side by side
-    # (and before that, all eight), a process stalled at one program for the
-    # rest of its time (17 programs per configuration, where alone they take
-    # a fifth of a second each), and with other processes on the GPU PyTorch's
-    # own allocator once split a block otherwise than it does alone. A time
+    # One process at a time: with other processes on the GPU PyTorch's own
+    # allocator once split a block otherwise than it does alone, and a
+    # process once stalled at one program for the rest of its time (session
+    # 25; not seen again in session 26, side by side from seed 0). A time
     # budget is shared out equally; the cachalot process runs the programs
     # the native one finished.
     share = args.seconds / (2 * len(names)) if args.seconds is not None else None
