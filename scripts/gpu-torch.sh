@@ -27,23 +27,24 @@ status=0
 venv=/tmp/cachalot-venv
 cd /tmp  # import the installed package, not a checkout's
 
-diffcheck() {
-  echo "--- differential checker: random programs on PyTorch's allocator and on the pytorch policy"
-  "$venv/bin/python" "$dir/scripts/diffcheck.py" --programs "${DIFF_PROGRAMS:-5000}" \
-    --seconds "${DIFF_SECONDS:-150}" --json "$out/diffcheck.json" --markdown "$out/diffcheck.md"
-}
-if [ "$mode" = --diff ]; then
-  diffcheck
-  exit $?
-fi
-if [ "$mode" = --dist ]; then
-  gpus=$("$venv/bin/python" -c 'import torch; print(torch.cuda.device_count())')
-  # shellcheck disable=SC2086  # DIST_ARGS is a list of options
-  exec "$venv/bin/python" "$dir/scripts/torch_dist.py" --nproc "${DIST_NPROC:-$gpus}" \
-    --json "$out/dist.json" --markdown "$out/dist.md" ${DIST_ARGS:-}
-fi
+# What each mode runs, in this order: env (a fresh environment and the
+# check), suite (the plug-in suite per policy), diff, models (the benchmark
+# and the proof), dist.
+case $mode in
+  "") steps="env suite diff models" ;;
+  --quick) steps="env suite" ;;
+  --prepare) steps="env" ;;
+  --run) steps="suite models" ;;
+  --run-quick) steps="suite" ;;
+  --models) steps="models" ;;
+  --diff) steps="diff" ;;
+  --dist) steps="dist" ;;
+  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff or --dist)" >&2
+     exit 2 ;;
+esac
+step() { [[ " $steps " == *" $1 "* ]]; }
 
-if [ "$mode" != --run ] && [ "$mode" != --run-quick ] && [ "$mode" != --models ]; then
+if step env; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   # The machine's torch may live in another environment: the new one sees it
@@ -54,24 +55,30 @@ if [ "$mode" != --run ] && [ "$mode" != --run-quick ] && [ "$mode" != --models ]
   "$venv/bin/pip" install --no-index --no-deps -q "$dir"/cachalot_torch-*.whl || exit 1
   echo "--- python -m cachalot_torch"
   "$venv/bin/python" -m cachalot_torch || exit 1
-  [ "$mode" = --prepare ] && exit 0
 fi
-
-if [ "$mode" != --models ]; then
+if step suite; then
   for policy in pytorch cachalot; do
     echo "--- plug-in suite, policy:$policy"
     CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
       || { status=1; echo "FAILED: plug-in suite ($policy)"; }
   done
 fi
-if [ -z "$mode" ]; then
-  diffcheck || status=1
+if step diff; then
+  echo "--- differential checker: random programs on PyTorch's allocator and on the pytorch policy"
+  "$venv/bin/python" "$dir/scripts/diffcheck.py" --programs "${DIFF_PROGRAMS:-5000}" \
+    --seconds "${DIFF_SECONDS:-150}" --json "$out/diffcheck.json" --markdown "$out/diffcheck.md" || status=1
 fi
-if [ "$mode" != --quick ] && [ "$mode" != --run-quick ]; then
+if step models; then
   "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
   echo "--- cachalot tune, proven: each model's snapshot tuned, the model run again with the setting"
   "$venv/bin/python" "$dir/scripts/tune_proof.py" --cachalot "$dir/cachalot" --python "$venv/bin/python" \
     --out "$out/tune" || status=1
+fi
+if step dist; then
+  gpus=$("$venv/bin/python" -c 'import torch; print(torch.cuda.device_count())')
+  # shellcheck disable=SC2086  # DIST_ARGS is a list of options
+  "$venv/bin/python" "$dir/scripts/torch_dist.py" --nproc "${DIST_NPROC:-$gpus}" \
+    --json "$out/dist.json" --markdown "$out/dist.md" ${DIST_ARGS:-} || status=1
 fi
 exit $status
