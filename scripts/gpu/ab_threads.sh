@@ -32,7 +32,7 @@ for line in open(sys.argv[1]):
     if m:
         v, r, t, place, ops = m.groups()
         kind = "gpu" if not place else ("apart" if "per thread" in place else "sim")
-        runs[(v, kind, r)][t] = float(ops)
+        runs[(v, kind, int(r))][t] = float(ops)
 print("variant   kind    8 / 1 per round                 median 8/1  median 8-thread ops/us")
 for v in sys.argv[2:]:
     for kind in ["gpu", "sim", "apart"]:
