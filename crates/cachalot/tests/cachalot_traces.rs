@@ -11,6 +11,7 @@ use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator};
+use support::lcg::Lcg;
 use support::trace::{self, Outcome};
 
 /// A cachalot allocator configured by `conf` on a simulated H100 (the
@@ -318,17 +319,14 @@ fn a_churning_stream_reuses_freed_large_blocks_and_stays_valid() {
     let err = alloc.free(b).expect_err("a double free");
     assert!(err.to_string().contains("double"), "{err}");
     // Seeded random large and small traffic, more blocks than are kept.
-    let mut x: u64 = 7;
+    let mut rng = Lcg(7);
     let mut live = vec![0u64; 64];
     for i in 0..20_000 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let slot = (x >> 40) as usize % live.len();
+        let slot = rng.below(live.len() as u64) as usize;
         if live[slot] != 0 {
             alloc.free(std::mem::take(&mut live[slot])).expect("live");
         } else {
-            let size = [3 << 20, 40 << 20, 5 << 19, 1 << 20, 77_000_000][(x >> 20) as usize % 5];
+            let size = [3 << 20, 40 << 20, 5 << 19, 1 << 20, 77_000_000][rng.below(5) as usize];
             live[slot] = alloc.malloc(size, stream).expect("fits");
         }
         if i % 1000 == 0 {

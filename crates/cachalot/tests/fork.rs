@@ -3,6 +3,8 @@
 //! its statistics come back at once with the exact peaks, and it validates.
 //! Alone in its test binary, so that no other test's threads are forked.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,7 @@ use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
+use support::lcg::Lcg;
 
 /// Live blocks (address, bytes) and the bytes allocated now and at most.
 #[derive(Default)]
@@ -24,12 +27,9 @@ struct Model {
 /// `steps` allocations and frees over two streams, enough for the journals
 /// to fill and cuts to be handed to the settler again and again.
 fn churn(alloc: &CachalotAllocator, model: &mut Model, seed: u64, steps: u64) {
-    let mut x = seed;
+    let mut rng = Lcg(seed);
     for _ in 0..steps {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let r = x >> 33;
+        let r = rng.next();
         if model.live.len() < 16 && r.is_multiple_of(2) {
             let size = 512 * (1 + (r >> 2) % 4096);
             let ptr = alloc.malloc(size, StreamId((r >> 1) % 2)).expect("fits");

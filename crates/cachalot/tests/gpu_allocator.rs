@@ -4,6 +4,8 @@
 //! still has work queued on the block. Each test prints "skipped: no GPU (...)" and
 //! passes where no GPU is present.
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::Duration;
 use cachalot::backend::cuda::CudaBackend;
 use cachalot::backend::{Backend, StreamId};
 use cachalot::{allocator, golden, AllocatorConfig, PolicyKind};
+use support::lcg::Lcg;
 
 fn gpu() -> Option<Arc<CudaBackend>> {
     match CudaBackend::new(0) {
@@ -82,23 +85,6 @@ fn golden_parity_on_the_gpu() {
     assert_eq!(differ, 0, "the backend changed an outcome");
     assert_eq!(failed, 0);
     assert!(passed > 0);
-}
-
-/// A small LCG so the stress is reproducible without extra dependencies.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 struct Live {
