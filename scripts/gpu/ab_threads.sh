@@ -36,17 +36,15 @@ for line in open(sys.argv[1]):
         v, r, t, place, ops = m.groups()
         kind = "gpu" if not place else ("apart" if "per thread" in place else "sim")
         runs[(v, kind, int(r))][t] = float(ops)
-# Each round's 8-thread rate over the same round's 8 threads with an
-# allocator per thread: the host's drift from round to round cancels, so
-# this compares variants more steadily than 8 / 1, whose one thread swings.
 print("variant   kind    8 / 1 per round                 median 8/1  median 8-thread ops/us  median 8 / apart 8")
 for v in sys.argv[2:]:
     for kind in ["gpu", "sim", "apart"]:
-        got = [runs[k] for k in sorted(runs) if k[:2] == (v, kind) and {"1", "8"} <= runs[k].keys()]
+        rounds = [k[2] for k in sorted(runs) if k[:2] == (v, kind) and {"1", "8"} <= runs[k].keys()]
+        got = [runs[(v, kind, r)] for r in rounds]
         if got:
             ratios = [g["8"] / g["1"] for g in got]
-            apart = [runs[(v, "apart", r)].get("8") for r in sorted(k[2] for k in runs if k[:2] == (v, kind))]
-            shares = [g["8"] / a for g, a in zip(got, apart) if a and kind != "apart"]
+            aparts = [runs.get((v, "apart", r), {}).get("8") for r in rounds] if kind != "apart" else []
+            shares = [g["8"] / a for g, a in zip(got, aparts) if a]
             share = f"{statistics.median(shares):10.3f}" if shares else ""
             print(f"{v:9} {kind:6}  {', '.join(f'{x:.2f}' for x in ratios):30}  "
                   f"{statistics.median(ratios):10.2f}  {statistics.median(g['8'] for g in got):10.2f}  {share}")
