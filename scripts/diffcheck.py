@@ -428,12 +428,17 @@ def first_difference(native, other):
     return (min(len(native), len(other)), []) if len(native) != len(other) else None
 
 
+def ran_by_both(native, other):
+    """The programs of `native` that `other` ran too (with a time budget, the
+    cachalot process runs only those the native one finished)."""
+    return {s: t for s, t in native.items() if s in other}
+
+
 def compare(native, other, budgeted=False):
     """`(programs compared, [seeds that differ])`; with a time budget, only
     the programs both ran."""
     if budgeted:
-        native = {s: t for s, t in native.items() if s in other}
-        other = {s: t for s, t in other.items() if s in native}
+        native, other = ran_by_both(native, other), ran_by_both(other, native)
     differ = [s for s in sorted(native) if native[s] != other.get(s)]
     differ += [s for s in sorted(other) if s not in native]
     return len(native), differ
@@ -502,8 +507,8 @@ def driver(args):
         if n_rc != 0 or c_rc != 0:
             row["error"] = f"native exit {n_rc}, cachalot exit {c_rc}: {(n_err or c_err)[-400:]}"
         programs, differ = compare(native, other, budgeted=budgeted)
-        ran = [t for seed, t in native.items() if seed in other] if budgeted else native.values()
-        row.update({"programs": programs, "operations": sum(map(len, ran)), "differ": len(differ),
+        ran = ran_by_both(native, other) if budgeted else native
+        row.update({"programs": programs, "operations": sum(map(len, ran.values())), "differ": len(differ),
                     "differing_seeds": differ[:50]})
         row["explained"] = _explain(name, CONFIGS[name], args, differ[: args.explain]) if differ else []
         rows.append(row)
