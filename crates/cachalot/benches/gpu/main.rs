@@ -26,6 +26,8 @@
 //! policy's thread scaling on the simulated device (shared, and an allocator
 //! per thread), writing those two tables to `--out`.
 
+#[path = "../../tests/support/lcg.rs"]
+mod lcg;
 mod ops;
 
 use std::collections::BTreeMap;
@@ -42,7 +44,8 @@ use cachalot::backend::{Backend, StreamId};
 use cachalot::{allocator, AllocatorConfig, DeviceAllocator, PolicyKind};
 use serde_json::{json, Value};
 
-use ops::{Lcg, Op, OpList, PATTERN_SIZES, PATTERN_SLOTS};
+use lcg::Lcg;
+use ops::{Op, OpList, PATTERN_SIZES, PATTERN_SLOTS};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
@@ -210,7 +213,7 @@ fn run_pattern(
 ) -> BoxResult<u64> {
     let mut done = 0;
     for _ in 0..steps {
-        let r = lcg.next_draw();
+        let r = lcg.next();
         let slot = (r % PATTERN_SLOTS) as usize;
         if live[slot] != 0 {
             alloc.free(live[slot])?;

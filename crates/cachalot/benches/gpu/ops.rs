@@ -89,25 +89,11 @@ impl OpList {
 }
 
 /// The threaded pattern, identical to the C++ one in scripts/gpu/native_alloc.cpp:
-/// 32 slots; each step draws from an LCG, frees the slot's allocation if any and
+/// 32 slots; each step draws from the tests' LCG (`tests/support/lcg.rs`, the
+/// same as the C++ one), frees the slot's allocation if any and
 /// allocates a size from a fixed mix of small and large sizes.
 pub const PATTERN_SIZES: [u64; 8] = [
     512, 4096, 32768, 262144, 1048576, 2097152, 6291456, 20971520,
 ];
 /// Slots per thread in the threaded pattern.
 pub const PATTERN_SLOTS: u64 = 32;
-
-/// The pattern's generator (a 64-bit LCG, upper bits).
-#[derive(Debug)]
-pub struct Lcg(pub u64);
-
-impl Lcg {
-    /// The next draw.
-    pub fn next_draw(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}

@@ -1,5 +1,7 @@
-//! A seeded generator for the integration tests' random traffic: the same
-//! seed gives the same draws on every machine, with no dependency.
+//! A seeded generator for the integration tests' random traffic and the GPU
+//! bench's threaded pattern (`benches/gpu`, whose C++ twin in
+//! scripts/gpu/native_alloc.cpp draws the same numbers): the same seed gives
+//! the same draws on every machine, with no dependency.
 
 #![allow(dead_code)]
 
