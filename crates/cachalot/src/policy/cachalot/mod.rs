@@ -488,7 +488,7 @@ impl CachalotAllocator {
             Ok(ptr) => Ok(ptr),
             // "Tried to allocate" is the block, as PyTorch reports it.
             Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
-            Err(e) => Err(e.into()),
+            Err(e) => Err((*e).into()),
         }
     }
 
@@ -541,7 +541,7 @@ impl DeviceAllocator for CachalotAllocator {
         let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
         match first {
             Ok(ptr) => Ok(ptr),
-            Err(e) if !e.is_out_of_memory() => Err(e.into()),
+            Err(e) if !e.is_out_of_memory() => Err((*e).into()),
             Err(_) => self.retry_malloc(entry, rounded, size),
         }
     }

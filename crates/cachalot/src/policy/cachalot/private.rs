@@ -81,7 +81,7 @@ impl CachalotAllocator {
             match self.journaled(entry, |st| st.malloc(&self.pages, rounded, size)) {
                 Ok(ptr) => return Ok(Some(ptr)),
                 Err(e) if e.is_out_of_memory() => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err((*e).into()),
             }
         }
         Ok(None)
