@@ -13,7 +13,8 @@
 //! written to the stream's [`Journal`], stamped with the machine's clock
 //! within the operation that made it: the processor's time-stamp counter through
 //! `quanta`, which falls back to the operating system's monotonic clock where
-//! that counter is not invariant and synchronized across cores. The clock is
+//! that counter is not invariant and synchronized across cores, read only
+//! once every earlier instruction of the thread is done ([`stamp`]). The clock is
 //! read once per operation, as it begins (before the stream's lock is taken,
 //! so that the read overlaps the wait for the lock: on the H100 host a read
 //! costs about 20 ns), or at its first change where the device had one
@@ -39,6 +40,35 @@ use crate::stats::MemoryStats;
 
 use super::levels::Levels;
 use super::tally::{Family, Tally};
+
+/// Reads `clock` for a stamp once every earlier instruction of this thread
+/// has completed.
+///
+/// Reading the time-stamp counter is not a load: the processor may do it
+/// ahead of earlier instructions, a load still in flight included. A thread
+/// that learned of another thread's change through such a load (the
+/// caller's own synchronization) could then stamp its next change with a
+/// time before that change's stamp, and the merge would put them in the
+/// wrong order: a peak that never was. `lfence` (`isb` on ARM) holds the
+/// read back until those instructions are done. The operating system's
+/// monotonic clock, `quanta`'s fallback, orders its own read.
+#[inline(always)]
+pub(crate) fn stamp(clock: &quanta::Clock) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lfence` needs SSE2, which every x86_64 processor has; it only
+    // waits for the instructions before it and changes no state.
+    unsafe {
+        core::arch::x86_64::_mm_lfence();
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `isb` only waits for the instructions before it; it reads and
+    // writes nothing (left as a compiler barrier too, so the clock's read is
+    // not moved above it).
+    unsafe {
+        core::arch::asm!("isb", options(nostack, preserves_flags));
+    }
+    clock.raw()
+}
 
 /// Changes a journal holds before its stream asks for a merge.
 pub(crate) const JOURNAL_LIMIT: usize = 4096;
@@ -324,8 +354,8 @@ impl Journal {
     #[inline(always)]
     pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
         let stamp = match &mut self.op {
-            Some(op) => *op.get_or_insert_with(|| self.clock.raw()),
-            None => self.clock.raw(),
+            Some(op) => *op.get_or_insert_with(|| stamp(&self.clock)),
+            None => stamp(&self.clock),
         };
         self.run.entries.push((stamp, change));
         if self.run.entries.len() - self.open >= CHUNK {
