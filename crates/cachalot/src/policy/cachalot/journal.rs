@@ -14,7 +14,7 @@
 //! within the operation that made it: the processor's time-stamp counter through
 //! `quanta`, which falls back to the operating system's monotonic clock where
 //! that counter is not invariant and synchronized across cores, read only
-//! once every earlier instruction of the thread is done ([`stamp`]). The clock is
+//! once every earlier instruction of the thread is done ([`read_clock`]). The clock is
 //! read once per operation, as it begins (before the stream's lock is taken,
 //! so that the read overlaps the wait for the lock: on the H100 host a read
 //! costs about 20 ns), or at its first change where the device had one
@@ -53,7 +53,7 @@ use super::tally::{Family, Tally};
 /// read back until those instructions are done. The operating system's
 /// monotonic clock, `quanta`'s fallback, orders its own read.
 #[inline(always)]
-pub(crate) fn stamp(clock: &quanta::Clock) -> u64 {
+pub(crate) fn read_clock(clock: &quanta::Clock) -> u64 {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `lfence` needs SSE2, which every x86_64 processor has; it only
     // waits for the instructions before it and changes no state.
@@ -354,8 +354,8 @@ impl Journal {
     #[inline(always)]
     pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
         let stamp = match &mut self.op {
-            Some(op) => *op.get_or_insert_with(|| stamp(&self.clock)),
-            None => stamp(&self.clock),
+            Some(op) => *op.get_or_insert_with(|| read_clock(&self.clock)),
+            None => read_clock(&self.clock),
         };
         self.run.entries.push((stamp, change));
         if self.run.entries.len() - self.open >= CHUNK {

@@ -79,7 +79,7 @@ impl DeviceJournal {
     pub(crate) fn early_stamp(&self) -> Option<u64> {
         self.several
             .load(Ordering::Relaxed)
-            .then(|| super::journal::stamp(&self.clock))
+            .then(|| super::journal::read_clock(&self.clock))
     }
 
     /// Settles a cut taken and let go of, on a settler thread where it
