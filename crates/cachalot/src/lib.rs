@@ -76,7 +76,8 @@
 //!   its own, whose pages are never re-mapped (a graph replays at the
 //!   addresses it captured).
 //! * **journal**: with several streams on a device, a stream's changes to its
-//!   statistics since the last **merge**, stamped by the machine's clock, in
+//!   statistics since the last **merge**, stamped in an order they could have
+//!   happened in (the machine's clock, or one thread's own count), in
 //!   **chunks** that note the highest value of each statistic in them; a
 //!   merge takes every journal at one moment (a **cut**) and raises the
 //!   device's peaks, replaying changes one by one in time order only where

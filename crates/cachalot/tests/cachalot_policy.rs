@@ -677,6 +677,51 @@ fn threads_handing_memory_over_peak_as_one_device() {
     alloc.validate().unwrap();
 }
 
+/// Threads on streams of their own take long turns, handing over through an
+/// atomic (nothing the allocator sees): in its turn a thread allocates a
+/// large block, churns small ones and frees the large block. One thread at a
+/// time keeps the device to itself, so its stamps chain without reading the
+/// clock (`stamp`); the next thread's first stamp must still come after the
+/// last one's free, or the device would hold two large blocks at once.
+#[test]
+fn threads_taking_long_turns_peak_as_one_device() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const THREADS: u64 = 3;
+    const ROUNDS: u64 = 300;
+    let dev = TestDevice::new(SimBackend::with_options(8 << 30, true));
+    let alloc = Arc::new(allocator(&dev, ""));
+    let turn = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (alloc, turn) = (alloc.clone(), turn.clone());
+            std::thread::spawn(move || {
+                let stream = StreamId(t + 1);
+                for round in 0..ROUNDS {
+                    let mine = round * THREADS + t;
+                    while turn.load(Ordering::Acquire) != mine {
+                        std::hint::spin_loop();
+                    }
+                    let big = alloc.malloc(64 * MIB, stream).unwrap();
+                    for _ in 0..40 {
+                        let p = alloc.malloc(512, stream).unwrap();
+                        alloc.free(p).unwrap();
+                    }
+                    alloc.free(big).unwrap();
+                    turn.store(mine + 1, Ordering::Release);
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    let peak = alloc.stats().allocated_bytes.all.peak;
+    assert_eq!(
+        peak,
+        (64 * MIB + 512) as i64,
+        "one large block and one small at most"
+    );
+    alloc.validate().unwrap();
+}
+
 /// With several streams the device's peaks are those of the device's
 /// figures over time (the highest current value seen after any operation),
 /// not the sum of each stream's peak: 100 MiB on one stream, freed, then

@@ -10,27 +10,28 @@
 //! streams.
 //!
 //! From the second stream on, every change a stream's ledger makes is also
-//! written to the stream's [`Journal`], stamped with the machine's clock
-//! within the operation that made it: the processor's time-stamp counter through
-//! `quanta`, which falls back to the operating system's monotonic clock where
-//! that counter is not invariant and synchronized across cores, read only
-//! once every earlier instruction of the thread is done ([`read_clock`]). The clock is
-//! read once per operation, as it begins (before the stream's lock is taken,
-//! so that the read overlaps the wait for the lock: on the H100 host a read
-//! costs about 20 ns), or at its first change where the device had one
-//! stream when it began: the changes an allocation or a free makes under one
-//! hold of the lock share that stamp, as if the operation had made them all
-//! at that instant, which falls within it. The
-//! clock is one for the whole machine: a change that happens after another
-//! (on the same stream, or after any synchronization between threads) reads a
-//! later time, so ordering the changes by time, ties in any order, is an
-//! order in which they could have happened one by one (what PyTorch's device
-//! lock makes them do).
+//! written to the stream's [`Journal`], stamped within the operation that
+//! made it (`stamp`): by the machine's clock (the processor's time-stamp
+//! counter through `quanta`, which falls back to the operating system's
+//! monotonic clock where that counter is not invariant and synchronized
+//! across cores, read only once every earlier instruction of the thread is
+//! done), or, while one thread keeps the device to itself, by that thread's
+//! last stamp plus one. A stamp is made once per operation, as it begins
+//! (before the stream's lock is taken, so that a clock read overlaps the
+//! wait for the lock: on the H100 host a read costs about 20 ns), or at its
+//! first change where the device had one stream when it began: the changes
+//! an allocation or a free makes under one hold of the lock share that
+//! stamp, as if the operation had made them all at that instant, which falls
+//! within it. A change that happens after another (on the same stream, or
+//! after any synchronization between threads) gets a larger stamp, so
+//! ordering the changes by stamp, ties in any order, is an order in which
+//! they could have happened one by one (what PyTorch's device lock makes
+//! them do).
 //!
 //! The journal cuts its changes into **chunks** of [`CHUNK`] changes and
 //! writes down, for each, the highest value every statistic reached in it
 //! (the stream's own peaks, reset at each chunk: no work on the hot path
-//! beyond a clock read and a push) and the values at its end. The merge uses
+//! beyond a stamp and a push) and the values at its end. The merge uses
 //! these to skip, without looking at their changes, the stretches of time in
 //! which the streams' highest values add up to no more than the device's
 //! peaks, which is nearly all of them.
@@ -38,37 +39,11 @@
 use crate::error::InvariantViolation;
 use crate::stats::MemoryStats;
 
-use super::levels::Levels;
-use super::tally::{Family, Tally};
+use std::sync::Arc;
 
-/// Reads `clock` for a stamp once every earlier instruction of this thread
-/// has completed.
-///
-/// Reading the time-stamp counter is not a load: the processor may do it
-/// ahead of earlier instructions, a load still in flight included. A thread
-/// that learned of another thread's change through such a load (the
-/// caller's own synchronization) could then stamp its next change with a
-/// time before that change's stamp, and the merge would put them in the
-/// wrong order: a peak that never was. `lfence` (`isb` on ARM) holds the
-/// read back until those instructions are done. The operating system's
-/// monotonic clock, `quanta`'s fallback, orders its own read.
-#[inline(always)]
-pub(crate) fn read_clock(clock: &quanta::Clock) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `lfence` needs SSE2, which every x86_64 processor has; it only
-    // waits for the instructions before it and changes no state.
-    unsafe {
-        core::arch::x86_64::_mm_lfence();
-    }
-    #[cfg(target_arch = "aarch64")]
-    // SAFETY: `isb` only waits for the instructions before it; it reads and
-    // writes nothing (left as a compiler barrier too, so the clock's read is
-    // not moved above it).
-    unsafe {
-        core::arch::asm!("isb", options(nostack, preserves_flags));
-    }
-    clock.raw()
-}
+use super::levels::Levels;
+use super::stamp::{self, Stamper};
+use super::tally::{Family, Tally};
 
 /// Changes a journal holds before its stream asks for a merge.
 pub(crate) const JOURNAL_LIMIT: usize = 4096;
@@ -308,7 +283,7 @@ impl Run {
 /// A stream's changes since the last merge.
 #[derive(Debug)]
 pub(crate) struct Journal {
-    clock: quanta::Clock,
+    stamps: Arc<Stamper>,
     run: Run,
     /// The first change of the chunk being written.
     open: usize,
@@ -319,10 +294,10 @@ pub(crate) struct Journal {
 impl Journal {
     /// An empty journal starting from `figures`' values, whose peaks are
     /// reset (from now on they are the open chunk's).
-    pub(crate) fn new(clock: quanta::Clock, figures: &mut Figures) -> Journal {
+    pub(crate) fn new(stamps: Arc<Stamper>, figures: &mut Figures) -> Journal {
         figures.reset_peak();
         Journal {
-            clock,
+            stamps,
             run: Run {
                 start: figures.levels(),
                 entries: Vec::with_capacity(JOURNAL_LIMIT),
@@ -341,6 +316,9 @@ impl Journal {
     #[inline(always)]
     pub(crate) fn begin_op(&mut self, early: Option<u64>) {
         let last = self.run.entries.last().map_or(0, |e| e.0);
+        if early.is_some_and(|t| t < last) {
+            stamp::saw(last);
+        }
         self.op = Some(early.map(|t| t.max(last)));
     }
 
@@ -354,8 +332,8 @@ impl Journal {
     #[inline(always)]
     pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
         let stamp = match &mut self.op {
-            Some(op) => *op.get_or_insert_with(|| read_clock(&self.clock)),
-            None => read_clock(&self.clock),
+            Some(op) => *op.get_or_insert_with(|| self.stamps.stamp()),
+            None => self.stamps.fresh(),
         };
         self.run.entries.push((stamp, change));
         if self.run.entries.len() - self.open >= CHUNK {

@@ -35,12 +35,13 @@ use crate::error::InvariantViolation;
 use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
 use super::settler::{MergeState, Settler};
+use super::stamp::Stamper;
 
 /// The device's side: the clock the streams stamp with, the merge state and
 /// the settler threads.
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
-    clock: quanta::Clock,
+    stamps: Arc<Stamper>,
     state: Arc<MergeState>,
     /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
@@ -54,7 +55,7 @@ impl DeviceJournal {
     /// Nothing journaled yet.
     pub(crate) fn new() -> DeviceJournal {
         DeviceJournal {
-            clock: quanta::Clock::new(),
+            stamps: Arc::new(Stamper::new(quanta::Clock::new())),
             state: Arc::default(),
             merging: AtomicBool::new(false),
             several: AtomicBool::new(false),
@@ -73,13 +74,13 @@ impl DeviceJournal {
         self.state.wait_idle(guard)
     }
 
-    /// The clock, once the device has had several streams: an operation's
-    /// stamp read before its stream's lock is taken (`journal`).
+    /// Once the device has had several streams, an operation's stamp, made
+    /// before its stream's lock is taken (`journal`, `stamp`).
     #[inline(always)]
     pub(crate) fn early_stamp(&self) -> Option<u64> {
         self.several
             .load(Ordering::Relaxed)
-            .then(|| super::journal::read_clock(&self.clock))
+            .then(|| self.stamps.stamp())
     }
 
     /// Settles a cut taken and let go of, on a settler thread where it
@@ -112,7 +113,7 @@ impl DeviceJournal {
     #[cfg(test)]
     pub(crate) fn with_clock(clock: quanta::Clock) -> DeviceJournal {
         DeviceJournal {
-            clock,
+            stamps: Arc::new(Stamper::with_chains(clock, false)),
             ..DeviceJournal::new()
         }
     }
@@ -132,7 +133,7 @@ impl DeviceJournal {
 
     /// A new, empty journal from `figures`' values.
     pub(crate) fn journal(&self, figures: &mut Figures) -> Journal {
-        Journal::new(self.clock.clone(), figures)
+        Journal::new(self.stamps.clone(), figures)
     }
 }
 

@@ -137,8 +137,9 @@
 //! One mutex per stream guards its pools, statistics and pending frees; threads
 //! on different streams never share a lock on the hot path. Shared state is the
 //! stream table (written once per new stream) and the page counter in
-//! `pages`; with several streams, each change of the statistics also reads
-//! the machine's clock (the time-stamp counter: no memory shared), a
+//! `pages`; with several streams, each operation also takes a stamp
+//! (`stamp`: a read of the machine's clock, or, while one thread keeps the
+//! device to itself, its last stamp plus one; no memory written), a
 //! merge now and then locks every stream at once for a moment, and threads
 //! of the allocator's own (`settler`, the first started with the first merge)
 //! work out the device's peaks from what the merge took. Each stream's lock and state sit
@@ -158,8 +159,8 @@
 //! inactive splits are counted only without virtual memory, as PyTorch does for
 //! expandable segments. [`DeviceAllocator::stats`] is the device's figures at
 //! one moment, peaks included, with any number of streams and threads: from
-//! the second stream on, each stream also journals its changes, stamped by the
-//! machine's clock, in chunks that note their highest values (`journal`); a
+//! the second stream on, each stream also journals its changes, stamped in
+//! an order they could have happened in (`stamp`), in chunks that note their highest values (`journal`); a
 //! merge takes every journal at one moment and raises the device's peaks,
 //! replaying changes one by one in time order only where the chunks' highest
 //! values add up to more than the peaks (`merge`). The streams' currents,
@@ -191,6 +192,7 @@ mod pool;
 mod private;
 mod reuse;
 mod settler;
+mod stamp;
 mod stream;
 mod tally;
 mod validate;
