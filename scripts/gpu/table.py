@@ -25,6 +25,7 @@ NAMES = {
     "async": "cudaMallocAsync (kept pool)",
     "cachalot:pytorch": "cachalot, pytorch policy",
     "cachalot:cachalot": "cachalot, cachalot policy",
+    "cachalot:cachalot+side": "cachalot, cachalot policy, a side stream holding a block",
     "rmm:pool": "RMM pool_memory_resource (from empty)",
     "rmm:arena": "RMM arena_memory_resource",
     "rmm:async": "RMM cuda_async_memory_resource",
@@ -110,13 +111,16 @@ def speed_table(one, memory):
 
 def rust_table(memory):
     print("\ncachalot through its Rust API (CudaBackend), its own process, for reference:\n")
-    print("| trace | allocator | ns/op first pass | ns/op steady (median of passes 2..) |")
-    print("|---|---|---:|---:|")
+    print("| trace | allocator | ns/op first pass | ns/op steady (median of passes 2..) "
+          "| steady / one stream |")
+    print("|---|---|---:|---:|---:|")
     for trace, by in sorted(memory.items()):
-        for key in ("cachalot:pytorch", "cachalot:cachalot"):
+        alone = by.get("cachalot:cachalot", {}).get("ns_steady")
+        for key in ("cachalot:pytorch", "cachalot:cachalot", "cachalot:cachalot+side"):
             r = by.get(key)
             if r:
-                print(f"| {trace} | {NAMES[key]} | {r['ns_first']:.0f} | {r['ns_steady']:.0f} |")
+                ratio = f"{r['ns_steady'] / alone:.2f}" if key.endswith("+side") and alone else "-"
+                print(f"| {trace} | {NAMES[key]} | {r['ns_first']:.0f} | {r['ns_steady']:.0f} | {ratio} |")
 
 
 def _rate(cell):
