@@ -589,7 +589,8 @@ impl Backend for CudaBackend {
         check(call, 0, || unsafe {
             sys::cuIpcGetMemHandle(&mut handle, base)
         })?;
-        Ok(handle.reserved.map(|b| b as u8))
+        // `c_char` is `i8` on x86_64 and `u8` on aarch64: the bytes as they are.
+        Ok(handle.reserved.map(|b| b.to_ne_bytes()[0]))
     }
 
     fn open_segment(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> BackendResult<DevicePtr> {

@@ -111,6 +111,20 @@ fn wait_for_earlier() {
     }
 }
 
+/// Holds back later instructions until this thread's stores can be seen by
+/// every other thread (a takeover's write must land before its clock read).
+/// On x86_64 a locked instruction's store is seen once it completes, which
+/// the fence before the clock read waits for.
+#[inline(always)]
+fn wait_for_stores() {
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `dsb ish` only waits for this thread's memory accesses to
+    // complete; it reads and writes nothing.
+    unsafe {
+        core::arch::asm!("dsb ish", options(nostack, preserves_flags));
+    }
+}
+
 /// What a thread knows of its own stamps (over every device), a cell per
 /// field: each is read and written on its own (a copy of the whole would
 /// read back fields just written narrower, and stall).
@@ -242,6 +256,7 @@ impl Stamper {
             {
                 Err(now) => seen = now,
                 Ok(_) => {
+                    wait_for_stores();
                     let t = read_clock(&self.clock);
                     wait_for_earlier();
                     seen = self.owner.load(Ordering::Relaxed);
