@@ -99,7 +99,7 @@
 //! page and at least one page per 1000 allocations, without its peak of pages
 //! in use growing is *churning*, and its budget rises by `cachalot_churn_slack`
 //! (default 0.15: to 1.185 times that peak) until the stream gives its large
-//! pages back on `empty_cache` (`stream`); it also keeps recently freed large
+//! pages back on `empty_cache` (`budget`, `stream`); it also keeps recently freed large
 //! blocks for exact-size reuse, and no longer moves pages back to their
 //! aliases (which kept its layout from settling). The budget is never under the peak plus
 //! `cachalot_reuse_min_mb` (default 32 MiB: 16 pages), so a small heap (where
@@ -178,6 +178,7 @@
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
 mod aliases;
+mod budget;
 mod cells;
 mod directory;
 mod heap;

@@ -1,11 +1,7 @@
 //! One stream's state: its small and large pools, statistics, blocks waiting
-//! for other streams, and the page budget that decides between creating a page
-//! and re-mapping a cached one.
-//!
-//! The budget is `1 + cachalot_reuse_slack` times the most pages the stream ever
-//! had in use, and at least that peak plus `cachalot_reuse_min_mb` (a small
-//! heap's slack is less than one large block; 32 MiB is below the slack of
-//! every bundled trace, bert_dynamic's 17 pages included).
+//! for other streams, and how its pages are mapped: created, or re-mapped
+//! from its cache once it holds its page budget (`budget`, which also says
+//! whether the stream churns).
 //!
 //! An allocation that takes the stream to a new peak of pages in use sets,
 //! where the stream's memory is concerned, its peak reserved: the pages it
@@ -19,29 +15,13 @@
 //! its peak requested, for 24 more driver calls in its first pass. No
 //! training trace's small pool idles that much at a peak.
 //!
-//! A stream that keeps re-mapping without its peak growing (a new shape at
-//! every step: its layout never repeats, so the cached pages are never where
-//! the next blocks land) is *churning*: once, since its peak last grew, it
-//! has re-mapped [`CHURN_REMAPS`] times as many pages as it holds, over at least
-//! [`CHURN_ALLOCATIONS`] allocations per page it holds (churn that lasts, not a
-//! burst just past a peak), and at least one page per [`CHURN_RATE`]
-//! allocations (a trickle of remaps is cheaper than the memory), its budget
-//! rises by `cachalot_churn_slack` (default 0.15) until its large pool gives its
-//! range back (`empty_cache` with no large block live), enough for most
-//! layouts to stop moving. A single pass of a workload stays under the trigger,
-//! so its reserved memory keeps the tight budget; a workload that repeats
-//! settles with few or no driver calls. Replaying bert_dynamic pass after pass,
-//! a churn slack of 0.10 still leaves 124 to 782 driver calls per pass of
-//! 16,800 operations, 0.125 about 100 to 370, 0.15 none from the seventh
-//! pass (0.20: none from the third, 4% more memory).
-//!
-//! A churning stream also keeps its last [`RECENT`] freed large
+//! A churning stream (`budget`) also keeps its last [`RECENT`] freed large
 //! blocks unmerged for the next request of exactly their size (its layout
 //! never repeats, but within a step sizes do: 80% of bert_dynamic's large
 //! requests are such hits, each skipping a best-fit search, a split and a
 //! merge). Their pages do not count as in use (the budget is unchanged) and
 //! they go back into the heap before any page is mapped.
-//! `cachalot_churn_slack` 0 turns both off.
+//! `cachalot_churn_slack` 0 turns both this and the raised budget off.
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -58,6 +38,7 @@ use crate::error::FreeError;
 use crate::ipc::Backing;
 use crate::snapshot::SegmentInfo;
 
+use super::budget::{Budget, WASTE_SLACK};
 use super::directory::RangeTable;
 use super::heap::{BlockId, State};
 use super::ledger::Ledger;
@@ -66,33 +47,11 @@ use super::pages::Pages;
 use super::pool::RECENT;
 use super::pool::{Placement, Pool, SMALL_MAX};
 
-/// How far (a fraction) reserved bytes may exceed the peak of active bytes
-/// before idle segments are freed ahead of a new one (without virtual
-/// memory), or of allocated bytes before cached pages are re-mapped instead
-/// of new ones made, unless `cachalot_reuse_slack` is larger (with pages,
-/// unless the stream churns or its pages in use leave no room).
-const WASTE_SLACK: f64 = 0.05;
-
 /// At a new peak of pages in use, the share of that peak by which the
 /// stream's mapped pages may exceed it before the other pool's idle pages go
 /// back, and the least share of it they must come to (fewer are kept: giving
 /// back a page or two would only re-map it later).
 const PEAK_TRIM: f64 = 0.02;
-
-/// Re-mapped pages, as a multiple of the stream's mapped pages, since its peak
-/// of pages in use last grew, that make a stream churning. A single pass of
-/// bert_dynamic re-maps at most 1.6 times its pages between two peaks (2.0 with
-/// every size scaled by 1.25, but within 1957 allocations of 614 pages).
-const CHURN_REMAPS: u64 = 2;
-
-/// Allocations, as a multiple of the stream's mapped pages, since its peak of
-/// pages in use last grew, below which a stream is not churning yet.
-const CHURN_ALLOCATIONS: u64 = 8;
-
-/// Allocations per re-mapped page, since the peak of pages in use last grew,
-/// beyond which a stream is not churning whatever it re-mapped: one page per
-/// 1000 allocations is about one driver call per 1000 operations.
-const CHURN_RATE: u64 = 1000;
 
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
@@ -137,21 +96,10 @@ pub(crate) struct StreamState {
     /// How many of `pending` were freed while quiet, their events unrecorded.
     unrecorded: usize,
     spare_events: Vec<EventId>,
-    /// The most pages this stream ever had in use at once.
-    peak_in_use: u64,
-    /// The most bytes it had allocated at such a peak (the block then
-    /// placed included).
-    peak_bytes: u64,
-    /// Pages re-mapped since `peak_in_use` last grew.
-    remaps: u64,
-    /// Allocations since `peak_in_use` last grew.
-    allocations: u64,
-    /// Whether the stream churns (see the module docs): its budget is raised.
-    churning: bool,
-    /// Whether the stream re-mapped a cached page since it started (or last
-    /// started afresh): until then, a block at its frontier is mapped in
-    /// handles of its own (see [`StreamState::map_span`]).
-    remapped: bool,
+    /// Its page budget; until it first re-maps a page, a block at its
+    /// frontier is mapped in handles of its own (see
+    /// [`StreamState::map_span`]).
+    budget: Budget,
     /// Whether blocks were freed since the stream was last synchronized: work
     /// queued on the stream may still use their pages, so none may be unmapped
     /// before the stream is (see [`StreamState::quiesce`]).
@@ -196,12 +144,7 @@ impl StreamState {
             pending: Vec::new(),
             unrecorded: 0,
             spare_events: Vec::new(),
-            peak_in_use: 0,
-            peak_bytes: 0,
-            remaps: 0,
-            allocations: 0,
-            churning: false,
-            remapped: false,
+            budget: Budget::new(&config),
             unsynced: false,
             config,
             ranges,
@@ -264,7 +207,7 @@ impl StreamState {
         if self.pools[p].range().is_none() {
             self.reserve_range(pages, p)?;
         }
-        self.allocations += 1;
+        self.budget.allocated();
         if let Some(addr) = self.pools[p].reuse(size, requested) {
             self.ledger.allocated(p == 0, addr, size, requested);
             return Ok(addr);
@@ -387,15 +330,9 @@ impl StreamState {
     /// whether it was.
     fn note_in_use(&mut self, size: u64) -> bool {
         let in_use = self.in_use();
-        let peaked = in_use > self.peak_in_use;
-        if peaked {
-            self.peak_in_use = in_use;
-            let bytes = self.ledger.allocated_bytes() + size;
-            self.peak_bytes = self.peak_bytes.max(bytes);
-            self.remaps = 0;
-            self.allocations = 0;
-        }
-        peaked
+        let ledger = &self.ledger;
+        self.budget
+            .note_in_use(in_use, || ledger.allocated_bytes() + size)
     }
 
     /// Maps the pages missing under `place` (`size` bytes of pool `p`), once
@@ -420,12 +357,13 @@ impl StreamState {
     /// least that share of it (see the module docs).
     fn trim_other_pool(&mut self, pages: &Pages, p: usize, n: u64) -> BackendResult<()> {
         let q = 1 - p;
-        let share = (PEAK_TRIM * self.peak_in_use as f64).ceil() as u64;
+        let peak = self.budget.peak_in_use();
+        let share = (PEAK_TRIM * peak as f64).ceil() as u64;
         let idle = self.pools[q].cells.as_ref().map_or(0, |c| c.cached());
         if idle < share.max(1) {
             return Ok(());
         }
-        while self.mapped() + n > self.peak_in_use + share {
+        while self.mapped() + n > peak + share {
             let Some((handle, k)) = self.unmap_coldest_in(pages, q, &(0..0), 1)? else {
                 break;
             };
@@ -522,7 +460,7 @@ impl StreamState {
         let own = span.start + u32::from(!at.is_multiple_of(g))
             ..span.end - u32::from(!(at + size).is_multiple_of(g));
         let group_len = self.config.extent_pages;
-        let growing = peaked && !self.remapped && !self.churning && group_len > 1;
+        let growing = peaked && !self.budget.remapped() && !self.budget.churning() && group_len > 1;
         let mut cell = span.start;
         while cell < span.end {
             let cells = self.pools[p].cells.as_ref().expect("checked above");
@@ -538,7 +476,7 @@ impl StreamState {
             let frontier = growing && cells.none_mapped_from(cell);
             let run = if frontier {
                 self.frontier_run(pages, span.end - cell)
-            } else if own.contains(&cell) && !self.churning {
+            } else if own.contains(&cell) && !self.budget.churning() {
                 let (pool, adopting) = (&self.pools[p], self.adopts(pages));
                 let stop = |c: &u32| {
                     cells.is_mapped(*c) || adopting && pool.adoptable(*c, &span).is_some()
@@ -617,7 +555,7 @@ impl StreamState {
     /// Whether the stream moves pages back to their aliases (see
     /// [`StreamState::adopt`]).
     fn adopts(&self, pages: &Pages) -> bool {
-        !self.churning && self.may_steal(pages)
+        !self.budget.churning() && self.may_steal(pages)
     }
 
     /// The cells of a handle for the `left` cells of a block past the
@@ -722,32 +660,20 @@ impl StreamState {
         }
     }
 
-    /// Counts `n` pages re-mapped (towards churning, and ending the
-    /// stream's first growth).
+    /// Counts `n` pages re-mapped.
     fn count_remaps(&mut self, n: u64) {
-        self.remaps += n;
-        self.remapped |= n > 0;
+        self.budget.count_remaps(n);
     }
 
-    /// Starts churning once the stream re-mapped enough pages (see the
-    /// module docs).
+    /// Starts churning once the stream re-mapped enough pages (`budget`):
+    /// the budget rises, and recently freed large blocks are kept for
+    /// exact-size reuse (see the module docs), until
+    /// [`StreamState::start_afresh`].
     fn note_remaps(&mut self) {
-        let mapped = self.mapped();
-        if !self.churning
-            && self.remaps >= CHURN_REMAPS * mapped.max(1)
-            && self.allocations >= CHURN_ALLOCATIONS * mapped
-            && self.remaps * CHURN_RATE >= self.allocations
+        if self.budget.starts_churning(self.mapped())
+            && self.config.threshold.is_none()
+            && self.config.churn_slack > 0.0
         {
-            self.start_churning();
-        }
-    }
-
-    /// Raises the budget (until [`StreamState::start_afresh`]) and keeps
-    /// recently freed large blocks for exact-size reuse (see the module docs).
-    #[cold]
-    fn start_churning(&mut self) {
-        self.churning = true;
-        if self.config.threshold.is_none() && self.config.churn_slack > 0.0 {
             self.pools[1].start_keeping();
         }
     }
@@ -758,45 +684,15 @@ impl StreamState {
     /// allocation on, a layout that never settled (bert_dynamic after
     /// `empty_cache`: 16 to 404 driver calls a pass instead of none).
     fn start_afresh(&mut self) {
-        self.peak_in_use = self.in_use();
-        self.peak_bytes = self.ledger.allocated_bytes();
-        self.remaps = 0;
-        self.allocations = 0;
-        self.churning = false;
-        self.remapped = false;
+        let bytes = self.ledger.allocated_bytes();
+        self.budget.start_afresh(self.in_use(), bytes);
         self.pools[1].stop_keeping();
     }
 
-    /// Pages this stream may hold before it re-maps cached ones: its peak
-    /// of pages in use and the slack (the churn slack too while it churns),
-    /// at least `cachalot_reuse_min_mb` over that peak; a stream whose slack
-    /// exceeds that floor (a large one) and is not raised for churning holds no more
-    /// than [`WASTE_SLACK`] (or the reuse slack, if larger) over its peak of
-    /// allocated bytes, where its pages in use leave room.
+    /// Pages this stream may hold before it re-maps cached ones (`budget`).
     fn budget(&self) -> u64 {
-        let churn = if self.churning {
-            self.config.churn_slack
-        } else {
-            0.0
-        };
-        let slack = self.config.slack + churn;
-        let scaled = ((1.0 + slack) * self.peak_in_use as f64).ceil() as u64;
-        let floor = self.peak_in_use + self.config.min_pages;
-        match scaled >= floor && churn == 0.0 {
-            true => scaled.min(self.waste_cap().max(self.peak_in_use)),
-            false => scaled.max(floor),
-        }
-    }
-
-    /// The pages that come to [`WASTE_SLACK`] over the stream's peak of
-    /// allocated bytes, or to `cachalot_reuse_slack` where that is larger: a
-    /// user who sets it higher trades memory for fewer driver calls, and gets
-    /// that trade (bert_dynamic's first pass at 0.2: 226 driver calls instead
-    /// of 2,445, at 1.17 times its peak requested instead of 1.05).
-    fn waste_cap(&self) -> u64 {
         let g = self.pools.iter().map(Pool::granularity).max().unwrap_or(1);
-        let slack = WASTE_SLACK.max(self.config.slack);
-        ((1.0 + slack) * self.peak_bytes as f64 / g as f64) as u64
+        self.budget.pages(g)
     }
 
     /// The coldest cached extent of this stream outside `keep`, for a page:
