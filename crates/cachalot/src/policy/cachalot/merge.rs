@@ -37,7 +37,7 @@ use super::levels::Levels;
 use super::settler::{MergeState, Settler};
 use super::stamp::Stamper;
 
-/// The device's side: the clock the streams stamp with, the merge state and
+/// The device's side: the stamps the streams take (`stamp`), the merge state and
 /// the settler threads.
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
@@ -109,7 +109,8 @@ impl DeviceJournal {
         self.merging.store(busy, Ordering::Relaxed);
     }
 
-    /// A journal whose clock is `clock` (tests drive it by hand).
+    /// A journal whose stamps are `clock`'s readings, never chained (tests
+    /// drive it by hand).
     #[cfg(test)]
     pub(crate) fn with_clock(clock: quanta::Clock) -> DeviceJournal {
         DeviceJournal {
