@@ -9,7 +9,7 @@
 //! - *share* / *open*: the two sides. A segment travels as a CUDA IPC handle
 //!   (PyTorch 2.11's own format, so either side may be PyTorch's allocator);
 //!   pages travel as POSIX file descriptors handed over a Unix socket
-//!   ([`server`]), then imported and mapped in a range of the receiver's.
+//!   ([`server`](mod@server)), then imported and mapped in a range of the receiver's.
 //!
 //! Invariants: an opened handle is mapped once per process however often it
 //! is opened ([`Imports`]); it stays mapped until its last opener closes it;

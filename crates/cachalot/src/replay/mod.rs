@@ -178,7 +178,7 @@ impl Observer for SegmentLog {
     }
 }
 
-/// Counts of the calls [`run`] made.
+/// Counts of the calls [`run_observed`] made.
 #[derive(Default)]
 struct Tally {
     allocs: u64,
