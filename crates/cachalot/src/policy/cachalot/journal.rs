@@ -331,14 +331,31 @@ impl Journal {
     /// Stamps `change` (already applied to `figures`) and keeps it.
     #[inline(always)]
     pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
-        let stamp = match &mut self.op {
-            Some(op) => *op.get_or_insert_with(|| self.stamps.stamp()),
-            None => self.stamps.fresh(),
+        let stamp = match self.op {
+            Some(Some(t)) => t,
+            Some(None) => {
+                let t = self.not_below_last(self.stamps.stamp());
+                self.op = Some(Some(t));
+                t
+            }
+            None => self.not_below_last(self.stamps.fresh()),
         };
         self.run.entries.push((stamp, change));
         if self.run.entries.len() - self.open >= CHUNK {
             self.close(figures);
         }
+    }
+
+    /// `stamp`, or the journal's last stamp where that is later (another
+    /// thread's operation on this stream), which this thread's next stamps
+    /// then stay above.
+    #[cold]
+    fn not_below_last(&self, stamp: u64) -> u64 {
+        let last = self.run.entries.last().map_or(0, |e| e.0);
+        if stamp < last {
+            stamp::saw(last);
+        }
+        stamp.max(last)
     }
 
     /// Ends the open chunk (`figures` hold its highest values).
