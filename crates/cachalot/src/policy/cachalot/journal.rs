@@ -315,11 +315,7 @@ impl Journal {
     /// first), so it stays within the operation.
     #[inline(always)]
     pub(crate) fn begin_op(&mut self, early: Option<u64>) {
-        let last = self.run.entries.last().map_or(0, |e| e.0);
-        if early.is_some_and(|t| t < last) {
-            stamp::saw(last);
-        }
-        self.op = Some(early.map(|t| t.max(last)));
+        self.op = Some(early.map(|t| self.not_below_last(t)));
     }
 
     /// Each change from now on reads the clock.
@@ -349,7 +345,7 @@ impl Journal {
     /// `stamp`, or the journal's last stamp where that is later (another
     /// thread's operation on this stream), which this thread's next stamps
     /// then stay above.
-    #[cold]
+    #[inline(always)]
     fn not_below_last(&self, stamp: u64) -> u64 {
         let last = self.run.entries.last().map_or(0, |e| e.0);
         if stamp < last {

@@ -523,7 +523,7 @@ impl StreamState {
         }
         self.note_remaps();
         let adopted = self.pools[p].adopt(&mut self.ledger, cell, keep);
-        self.count_remaps(u64::from(adopted));
+        self.budget.count_remaps(u64::from(adopted));
         adopted
     }
 
@@ -571,7 +571,8 @@ impl StreamState {
 
     /// Pages the stream may still map within its budget.
     fn room(&self) -> u64 {
-        self.budget().saturating_sub(self.mapped())
+        let g = self.pools.iter().map(Pool::granularity).max().unwrap_or(1);
+        self.budget.pages(g).saturating_sub(self.mapped())
     }
 
     /// Whether this stream re-maps its cached pages to keep within its
@@ -606,7 +607,7 @@ impl StreamState {
         let room = n <= self.room();
         if room {
             // As many pages re-mapped as page by page (see `obtain_page`).
-            self.count_remaps(u64::from(k).min(n));
+            self.budget.count_remaps(u64::from(k).min(n));
         }
         Ok(room)
     }
@@ -624,7 +625,7 @@ impl StreamState {
         let may_steal = self.may_steal(pages);
         if may_steal && self.room() == 0 {
             if let Some(page) = self.steal(pages, p, keep)? {
-                self.count_remaps(1);
+                self.budget.count_remaps(1);
                 return Ok(page);
             }
         }
@@ -633,11 +634,6 @@ impl StreamState {
             Err(e) if e.is_out_of_memory() && may_steal => self.steal(pages, p, keep)?.ok_or(e),
             Err(e) => Err(e),
         }
-    }
-
-    /// Counts `n` pages re-mapped.
-    fn count_remaps(&mut self, n: u64) {
-        self.budget.count_remaps(n);
     }
 
     /// Starts churning once the stream re-mapped enough pages (`budget`):
@@ -662,12 +658,6 @@ impl StreamState {
         let bytes = self.ledger.allocated_bytes();
         self.budget.start_afresh(self.in_use(), bytes);
         self.pools[1].stop_keeping();
-    }
-
-    /// Pages this stream may hold before it re-maps cached ones (`budget`).
-    fn budget(&self) -> u64 {
-        let g = self.pools.iter().map(Pool::granularity).max().unwrap_or(1);
-        self.budget.pages(g)
     }
 
     /// The coldest cached extent of this stream outside `keep`, for a page:
