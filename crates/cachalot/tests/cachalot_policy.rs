@@ -677,42 +677,63 @@ fn threads_handing_memory_over_peak_as_one_device() {
     alloc.validate().unwrap();
 }
 
-/// Threads on streams of their own take long turns, handing over through an
-/// atomic (nothing the allocator sees): in its turn a thread allocates a
-/// large block, churns small ones and frees the large block. One thread at a
-/// time keeps the device to itself, so its stamps chain without reading the
-/// clock (`stamp`); the next thread's first stamp must still come after the
-/// last one's free, or the device would hold two large blocks at once.
-#[test]
-fn threads_taking_long_turns_peak_as_one_device() {
+/// Runs `turn` `turns` times on each of `threads` threads, thread `t` on
+/// stream `t + 1` with the state `start(t)` made, one thread at a time in
+/// round-robin order, handing over through an atomic (release and acquire:
+/// nothing the allocator sees); returns each thread's state.
+fn in_turns<S: Send + 'static>(
+    threads: u64,
+    turns: u64,
+    start: impl Fn(u64) -> S + Send + Sync + 'static,
+    turn: impl Fn(StreamId, &mut S) + Send + Sync + 'static,
+) -> Vec<S> {
     use std::sync::atomic::{AtomicU64, Ordering};
-    const THREADS: u64 = 3;
-    const ROUNDS: u64 = 300;
-    let dev = TestDevice::new(SimBackend::with_options(8 << 30, true));
-    let alloc = Arc::new(allocator(&dev, ""));
-    let turn = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..THREADS)
+    let now = Arc::new(AtomicU64::new(0));
+    let (start, turn) = (Arc::new(start), Arc::new(turn));
+    let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (alloc, turn) = (alloc.clone(), turn.clone());
+            let (now, start, turn) = (now.clone(), start.clone(), turn.clone());
             std::thread::spawn(move || {
-                let stream = StreamId(t + 1);
-                for round in 0..ROUNDS {
-                    let mine = round * THREADS + t;
-                    while turn.load(Ordering::Acquire) != mine {
+                let mut state = start(t);
+                for round in 0..turns {
+                    let mine = round * threads + t;
+                    while now.load(Ordering::Acquire) != mine {
                         std::hint::spin_loop();
                     }
-                    let big = alloc.malloc(64 * MIB, stream).unwrap();
-                    for _ in 0..40 {
-                        let p = alloc.malloc(512, stream).unwrap();
-                        alloc.free(p).unwrap();
-                    }
-                    alloc.free(big).unwrap();
-                    turn.store(mine + 1, Ordering::Release);
+                    turn(StreamId(t + 1), &mut state);
+                    now.store(mine + 1, Ordering::Release);
                 }
+                state
             })
         })
         .collect();
-    handles.into_iter().for_each(|h| h.join().unwrap());
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Threads on streams of their own take long turns (`in_turns`): in its
+/// turn a thread allocates a large block, churns small ones and frees the
+/// large block. One thread at a time keeps the device to itself, so its
+/// stamps chain without reading the clock (`stamp`); the next thread's first
+/// stamp must still come after the last one's free, or the device would hold
+/// two large blocks at once.
+#[test]
+fn threads_taking_long_turns_peak_as_one_device() {
+    let dev = TestDevice::new(SimBackend::with_options(8 << 30, true));
+    let alloc = Arc::new(allocator(&dev, ""));
+    let a = alloc.clone();
+    in_turns(
+        3,
+        300,
+        |_| (),
+        move |stream, _| {
+            let big = a.malloc(64 * MIB, stream).unwrap();
+            for _ in 0..40 {
+                let p = a.malloc(512, stream).unwrap();
+                a.free(p).unwrap();
+            }
+            a.free(big).unwrap();
+        },
+    );
     let peak = alloc.stats().allocated_bytes.all.peak;
     assert_eq!(
         peak,
@@ -724,76 +745,57 @@ fn threads_taking_long_turns_peak_as_one_device() {
 
 /// Threads on streams of their own take turns of random length (1 to 60
 /// operations: short turns make the device contended, long ones let a thread
-/// chain its stamps), handing over through an atomic, each allocating and
-/// freeing blocks of its own. The turns put every operation in one order, so
-/// a model replayed in that order has the device's exact peaks.
+/// chain its stamps; `in_turns`), each allocating and freeing blocks of its
+/// own. The turns put every operation in one order, so a model replayed in
+/// that order has the device's exact peaks.
 #[test]
 fn threads_taking_turns_of_random_length_peak_as_the_model_says() {
-    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-    const THREADS: u64 = 3;
-    const TURNS: u64 = 200;
+    use std::sync::atomic::{AtomicI64, Ordering};
     let dev = TestDevice::new(SimBackend::with_options(16 << 30, true));
     let alloc = Arc::new(allocator(&dev, ""));
-    let turn = Arc::new(AtomicU64::new(0));
     // Allocated and requested bytes now and at their peaks, in turn order.
     let model: Arc<[AtomicI64; 4]> = Arc::new(Default::default());
-    let handles: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (alloc, turn, model) = (alloc.clone(), turn.clone(), model.clone());
-            std::thread::spawn(move || {
-                let stream = StreamId(t + 1);
-                let mut rng = Rng(0x7a11 + 977 * t);
-                let mut live: Vec<(u64, i64, i64)> = Vec::new();
-                for round in 0..TURNS {
-                    let mine = round * THREADS + t;
-                    while turn.load(Ordering::Acquire) != mine {
-                        std::hint::spin_loop();
-                    }
-                    let load = |i: usize| model[i].load(Ordering::Relaxed);
-                    let (mut allocated, mut requested) = (load(0), load(1));
-                    let (mut peak_allocated, mut peak_requested) = (load(2), load(3));
-                    for _ in 0..1 + rng.below(60) {
-                        if live.len() < 8 && rng.below(2) == 0 {
-                            let size = rng.size() / 8 + 1;
-                            let p = alloc.malloc(size, stream).unwrap();
-                            let rounded = size.div_ceil(512) as i64 * 512;
-                            live.push((p, rounded, size as i64));
-                            allocated += rounded;
-                            requested += size as i64;
-                            peak_allocated = peak_allocated.max(allocated);
-                            peak_requested = peak_requested.max(requested);
-                        } else if !live.is_empty() {
-                            let at = rng.below(live.len() as u64) as usize;
-                            let (p, rounded, size) = live.swap_remove(at);
-                            alloc.free(p).unwrap();
-                            allocated -= rounded;
-                            requested -= size;
-                        }
-                    }
-                    for (i, v) in [allocated, requested, peak_allocated, peak_requested]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        model[i].store(v, Ordering::Relaxed);
-                    }
-                    turn.store(mine + 1, Ordering::Release);
-                }
-                live
-            })
-        })
-        .collect();
-    let left: Vec<_> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
+    let (a, m) = (alloc.clone(), model.clone());
+    let start = |t: u64| (Rng(0x7a11 + 977 * t), Vec::<(u64, i64, i64)>::new());
+    let states = in_turns(3, 200, start, move |stream, (rng, live)| {
+        let load = |i: usize| m[i].load(Ordering::Relaxed);
+        let (mut allocated, mut requested) = (load(0), load(1));
+        let (mut peak_allocated, mut peak_requested) = (load(2), load(3));
+        for _ in 0..1 + rng.below(60) {
+            if live.len() < 8 && rng.below(2) == 0 {
+                let size = rng.size() / 8 + 1;
+                let p = a.malloc(size, stream).unwrap();
+                let rounded = size.div_ceil(512) as i64 * 512;
+                live.push((p, rounded, size as i64));
+                allocated += rounded;
+                requested += size as i64;
+                peak_allocated = peak_allocated.max(allocated);
+                peak_requested = peak_requested.max(requested);
+            } else if !live.is_empty() {
+                let at = rng.below(live.len() as u64) as usize;
+                let (p, rounded, size) = live.swap_remove(at);
+                a.free(p).unwrap();
+                allocated -= rounded;
+                requested -= size;
+            }
+        }
+        for (i, v) in [allocated, requested, peak_allocated, peak_requested]
+            .into_iter()
+            .enumerate()
+        {
+            m[i].store(v, Ordering::Relaxed);
+        }
+    });
     let stats = alloc.stats();
     let model: Vec<i64> = model.iter().map(|v| v.load(Ordering::Relaxed)).collect();
     assert_eq!(stats.allocated_bytes.all.current, model[0]);
     assert_eq!(stats.allocated_bytes.all.peak, model[2], "peak allocated");
     assert_eq!(stats.requested_bytes.all.peak, model[3], "peak requested");
     alloc.validate().unwrap();
-    left.into_iter()
-        .for_each(|(p, _, _)| alloc.free(p).unwrap());
+    for (_, live) in states {
+        live.into_iter()
+            .for_each(|(p, _, _)| alloc.free(p).unwrap());
+    }
 }
 
 /// With several streams the device's peaks are those of the device's
