@@ -15,7 +15,9 @@ use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
 use super::journal::{Change, Figures, Journal, Run};
+use super::levels::Levels;
 use super::merge::{DeviceJournal, Merged};
+use super::quota::Quota;
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -33,6 +35,15 @@ pub(crate) struct Ledger {
     /// With several streams on the device: this stream's changes since the
     /// last merge.
     journal: Option<Journal>,
+    /// With several streams, while the device hands out allowances instead
+    /// (`quota`): this stream's, until it trips.
+    quota: Option<Quota>,
+    /// The stream tripped: it journals the operation that did, and waits for
+    /// the next cut.
+    tripped: bool,
+    /// The highest values the stream reached, as far as the cuts saw (what
+    /// its allowance makes room for, `quota::share`).
+    highs: Levels,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -53,6 +64,9 @@ impl Ledger {
         Ledger {
             figures: Figures::new(stats),
             journal: None,
+            quota: None,
+            tripped: false,
+            highs: Levels::default(),
             events: EventSink::new(start),
             stream,
             batch: None,
@@ -79,9 +93,42 @@ impl Ledger {
         self.figures.reset_accumulated();
     }
 
-    /// Journals every change from now on, for `device`'s merges.
+    /// Journals every change from now on, for `device`'s merges (the
+    /// journal it has goes on).
     pub(crate) fn keep_journal(&mut self, device: &DeviceJournal) {
-        self.journal = Some(device.journal(&mut self.figures));
+        if self.journal.is_none() {
+            self.journal = Some(device.journal(&mut self.figures));
+        }
+        self.quota = None;
+        self.tripped = false;
+    }
+
+    /// Spends `quota` from now on instead of journaling (called at a cut,
+    /// which took the journal's changes). The figures' peaks from now on
+    /// are the stream's highest values under allowances.
+    pub(crate) fn keep_quota(&mut self, quota: Quota) {
+        if self.quota.is_none() {
+            self.figures.reset_peak();
+        }
+        self.journal = None;
+        self.quota = Some(quota);
+        self.tripped = false;
+    }
+
+    /// The allowance left, while the device hands them out and the stream
+    /// has not tripped.
+    pub(crate) fn quota(&self) -> Option<&Quota> {
+        self.quota.as_ref()
+    }
+
+    /// Whether the stream tripped its allowance and waits for a cut.
+    pub(crate) fn tripped(&self) -> bool {
+        self.tripped
+    }
+
+    /// The highest values the stream reached, as far as the cuts saw.
+    pub(crate) fn highs(&self) -> &Levels {
+        &self.highs
     }
 
     /// Starts `device`'s merges from this stream's figures (the device's
@@ -114,10 +161,18 @@ impl Ledger {
     }
 
     /// The changes journaled since the last call, as a run (the journal goes
-    /// on in `spare`); `None` (and `spare` dropped) without a journal.
-    pub(crate) fn take_run(&mut self, spare: Run) -> Option<Run> {
-        let journal = self.journal.as_mut()?;
-        Some(journal.take(&mut self.figures, spare))
+    /// on in `spare`); under an allowance, a run with no change at the
+    /// stream's values; `None` (and `spare` dropped) with neither.
+    pub(crate) fn take_run(&mut self, mut spare: Run) -> Option<Run> {
+        if let Some(journal) = self.journal.as_mut() {
+            let run = journal.take(&mut self.figures, spare);
+            run.chunks.iter().for_each(|c| self.highs.raise(&c.top));
+            return Some(run);
+        }
+        self.quota.as_ref()?;
+        self.highs.raise(&self.figures.tops());
+        spare.start = self.figures.levels();
+        Some(spare)
     }
 
     /// Every statistic's current value.
@@ -128,9 +183,25 @@ impl Ledger {
     /// Applies `change` to the stream's figures and journals it.
     #[inline(always)]
     fn change(&mut self, change: Change) {
+        if let Some(quota) = &mut self.quota {
+            if quota.spend(change) {
+                self.trip();
+            }
+        }
         self.figures.apply(change);
         if let Some(journal) = &mut self.journal {
             journal.note(change, &mut self.figures);
+        }
+    }
+
+    /// `change` (not yet applied) overdrew the allowance: from the values
+    /// before it, the stream journals until the next cut (`quota`).
+    #[cold]
+    #[inline(never)]
+    fn trip(&mut self) {
+        if let Some(quota) = self.quota.take() {
+            self.journal = Some(Journal::tripped(quota.stamps(), &mut self.figures));
+            self.tripped = true;
         }
     }
 

@@ -34,6 +34,7 @@ use crate::error::InvariantViolation;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
+use super::quota::Mode;
 use super::settler::{MergeState, Settler};
 use super::stamp::Stamper;
 
@@ -46,8 +47,9 @@ pub(crate) struct DeviceJournal {
     /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
     merging: AtomicBool,
-    /// Whether the device has had several streams (streams journal).
-    several: AtomicBool,
+    /// Whether streams journal (the device has had several, and hands out no
+    /// allowances): operations take a stamp as they begin.
+    stamping: AtomicBool,
     settler: Settler,
 }
 
@@ -58,7 +60,7 @@ impl DeviceJournal {
             stamps: Arc::new(Stamper::new(quanta::Clock::new())),
             state: Arc::default(),
             merging: AtomicBool::new(false),
-            several: AtomicBool::new(false),
+            stamping: AtomicBool::new(false),
             settler: Settler::default(),
         }
     }
@@ -74,13 +76,24 @@ impl DeviceJournal {
         self.state.wait_idle(guard)
     }
 
-    /// Once the device has had several streams, an operation's stamp, made
-    /// before its stream's lock is taken (`journal`, `stamp`).
+    /// While streams journal, an operation's stamp, made before its
+    /// stream's lock is taken (`journal`, `stamp`). A stale read of the mode
+    /// is harmless: a stamp not used, or one made at the first change.
     #[inline(always)]
     pub(crate) fn early_stamp(&self) -> Option<u64> {
-        self.several
+        self.stamping
             .load(Ordering::Relaxed)
             .then(|| self.stamps.stamp())
+    }
+
+    /// Marks whether streams journal (called at a cut that sets the mode).
+    pub(crate) fn set_stamping(&self, stamping: bool) {
+        self.stamping.store(stamping, Ordering::Relaxed);
+    }
+
+    /// The stamps, for an allowance's trip (`quota`).
+    pub(crate) fn stamps(&self) -> Arc<Stamper> {
+        self.stamps.clone()
     }
 
     /// Settles a cut taken and let go of, on a settler thread where it
@@ -128,7 +141,7 @@ impl DeviceJournal {
             pid: std::process::id(),
             ..Merged::default()
         });
-        self.several.store(true, Ordering::Relaxed);
+        self.stamping.store(true, Ordering::Relaxed);
         self.journal(only)
     }
 
@@ -142,6 +155,8 @@ impl DeviceJournal {
 #[derive(Debug, Default)]
 pub(crate) struct Merged {
     peaks: Levels,
+    /// Journals or allowances (`quota`).
+    pub(crate) mode: Mode,
     /// Emptied runs, for journals to fill again.
     spare: Vec<Run>,
     /// Cuts taken and not yet settled.
