@@ -15,7 +15,6 @@ use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
 use super::journal::{Change, Figures, Journal, Run};
-use super::levels::Levels;
 use super::merge::{DeviceJournal, Merged};
 use super::quota::Quota;
 
@@ -41,9 +40,6 @@ pub(crate) struct Ledger {
     /// The stream tripped: it journals the operation that did, and waits for
     /// the next cut.
     tripped: bool,
-    /// The highest values the stream reached, as far as the cuts saw (what
-    /// its allowance makes room for, `quota::share`).
-    highs: Levels,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -66,7 +62,6 @@ impl Ledger {
             journal: None,
             quota: None,
             tripped: false,
-            highs: Levels::default(),
             events: EventSink::new(start),
             stream,
             batch: None,
@@ -126,11 +121,6 @@ impl Ledger {
         self.tripped
     }
 
-    /// The highest values the stream reached, as far as the cuts saw.
-    pub(crate) fn highs(&self) -> &Levels {
-        &self.highs
-    }
-
     /// Starts `device`'s merges from this stream's figures (the device's
     /// only stream until now), and journals every change from now on.
     pub(crate) fn start_merging(&mut self, device: &DeviceJournal, merged: &mut Option<Merged>) {
@@ -165,12 +155,9 @@ impl Ledger {
     /// stream's values; `None` (and `spare` dropped) with neither.
     pub(crate) fn take_run(&mut self, mut spare: Run) -> Option<Run> {
         if let Some(journal) = self.journal.as_mut() {
-            let run = journal.take(&mut self.figures, spare);
-            run.chunks.iter().for_each(|c| self.highs.raise(&c.top));
-            return Some(run);
+            return Some(journal.take(&mut self.figures, spare));
         }
         self.quota.as_ref()?;
-        self.highs.raise(&self.figures.tops());
         spare.start = self.figures.levels();
         Some(spare)
     }

@@ -34,7 +34,7 @@ use crate::error::InvariantViolation;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
-use super::quota::Mode;
+use super::quota::{Mode, Shared};
 use super::settler::{MergeState, Settler};
 use super::stamp::Stamper;
 
@@ -43,6 +43,7 @@ use super::stamp::Stamper;
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
     stamps: Arc<Stamper>,
+    shared: Arc<Shared>,
     state: Arc<MergeState>,
     /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
@@ -56,8 +57,10 @@ pub(crate) struct DeviceJournal {
 impl DeviceJournal {
     /// Nothing journaled yet.
     pub(crate) fn new() -> DeviceJournal {
+        let stamps = Arc::new(Stamper::new(quanta::Clock::new()));
         DeviceJournal {
-            stamps: Arc::new(Stamper::new(quanta::Clock::new())),
+            shared: Arc::new(Shared::new(stamps.clone())),
+            stamps,
             state: Arc::default(),
             merging: AtomicBool::new(false),
             stamping: AtomicBool::new(false),
@@ -91,9 +94,9 @@ impl DeviceJournal {
         self.stamping.store(stamping, Ordering::Relaxed);
     }
 
-    /// The stamps, for an allowance's trip (`quota`).
-    pub(crate) fn stamps(&self) -> Arc<Stamper> {
-        self.stamps.clone()
+    /// What allowances share (`quota`): the stamps for a trip, the reserve.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Settles a cut taken and let go of, on a settler thread where it
@@ -126,8 +129,10 @@ impl DeviceJournal {
     /// drive it by hand).
     #[cfg(test)]
     pub(crate) fn with_clock(clock: quanta::Clock) -> DeviceJournal {
+        let stamps = Arc::new(Stamper::with_chains(clock, false));
         DeviceJournal {
-            stamps: Arc::new(Stamper::with_chains(clock, false)),
+            shared: Arc::new(Shared::new(stamps.clone())),
+            stamps,
             ..DeviceJournal::new()
         }
     }

@@ -327,9 +327,10 @@ impl CachalotAllocator {
             // A new stream's allowance is nothing: its first increase trips
             // it, and the cut hands it a share.
             match quota {
-                Some(true) => {
-                    ledger.keep_quota(Quota::new(Levels::default(), self.journal.stamps()))
-                }
+                Some(true) => ledger.keep_quota(Quota::new(
+                    self.streams.iter().count() + 1,
+                    self.journal.shared().clone(),
+                )),
                 Some(false) => ledger.keep_journal(&self.journal),
                 None => {}
             }
@@ -469,11 +470,11 @@ impl CachalotAllocator {
             m.mode = quota::Mode::journals();
         }
         if m.mode.next(tripped, changes, locked.len()) && !reset {
-            let tops: Vec<Levels> = locked.iter().map(|st| *st.ledger.highs()).collect();
-            let shares = quota::share(&m.peaks().minus(&now), &levels, &tops);
-            for (st, share) in locked.iter_mut().zip(shares) {
-                st.ledger
-                    .keep_quota(Quota::new(share, self.journal.stamps()));
+            let shared = self.journal.shared();
+            quota::hand_out(&m.peaks().minus(&now), &shared.reserve);
+            let n = locked.len();
+            for st in locked.iter_mut() {
+                st.ledger.keep_quota(Quota::new(n, shared.clone()));
             }
             self.journal.set_stamping(false);
         } else {
@@ -801,10 +802,10 @@ impl DeviceAllocator for CachalotAllocator {
             // Allowances as spent, then as handed out again; every run
             // taken is settled, whatever is found (a cut left in flight
             // would hold off every reader).
-            validate_quotas(m, &locked, &now)?;
+            validate_quotas(m, &locked, &now, &self.journal.shared().reserve)?;
             self.settle_locked(m, &mut locked, |_| {}, (false, true))?;
             m.validate(&now)?;
-            validate_quotas(m, &locked, &now)?;
+            validate_quotas(m, &locked, &now, &self.journal.shared().reserve)?;
         }
         let held = self.pages.held_in_use();
         crate::ensure_invariant!(
@@ -824,18 +825,19 @@ impl DeviceAllocator for CachalotAllocator {
 }
 
 /// While allowances are out and no stream has tripped one (the peaks are
-/// then settled, no journal pending): none overdrawn,
-/// and the streams' values with their allowances add up to at most the
-/// peaks (`quota`).
+/// then settled, no journal pending): none overdrawn, and the streams'
+/// values with their allowances and the reserve add up to at most the peaks
+/// (`quota`).
 fn validate_quotas(
     m: &Merged,
     locked: &[SpinMutexGuard<'_, StreamState>],
     now: &Levels,
+    reserve: &quota::Reserve,
 ) -> std::result::Result<(), InvariantViolation> {
     if !m.mode.quota || locked.iter().any(|st| st.ledger.tripped()) {
         return Ok(());
     }
-    let mut spendable = *now;
+    let mut spendable = now.plus(&reserve.load());
     for st in locked {
         let Some(q) = st.ledger.quota() else {
             continue;

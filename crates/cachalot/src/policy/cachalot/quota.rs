@@ -1,5 +1,5 @@
-//! Quotas: exact device peaks with several streams and no stamp at all,
-//! while the device stays below its peaks.
+//! Allowances: exact device peaks with several streams and no stamp, while
+//! the device stays below its peaks.
 //!
 //! Journaling (`journal`, `merge`) costs each operation a stamp and a push;
 //! with several threads at once, a stamp is a fenced read of the clock (20
@@ -9,15 +9,20 @@
 //! values could add up to more than a peak does their order matter.
 //!
 //! So at a cut (every stream locked, every earlier cut settled: the peaks
-//! `P` and every stream's values `v` are exact), the device may hand each
-//! stream an **allowance** `a` per statistic, with `sum(v + a) <= P` for
-//! every one of the 27. A stream then keeps no journal and stamps nothing:
-//! each change only takes its increase from the allowance and gives its
-//! decrease back (`v + a` stays what it was), a few additions. While every
-//! allowance is non-negative, the streams' values add up to at most `P`
-//! in whatever order their changes happened, so the peaks stand.
+//! `P` and every stream's values `v` are exact), the device may put the
+//! headroom `P - sum(v)` of each of the 27 statistics in a **reserve** `R`
+//! (an atomic per statistic) and let the streams spend it: each stream
+//! holds an **allowance** `a` per statistic, from nothing. A stream then
+//! keeps no journal and stamps nothing: a change takes its increases from
+//! the allowance and gives its decreases back (`v + a` stays what it was).
+//! An allowance that runs short takes what it lacks from the reserve, with
+//! a share of what is left there (one atomic operation, now and then); one
+//! far above what it last took puts the excess back. So `sum(v + a) + R <=
+//! P` at every moment, statistic by statistic: while no allowance is
+//! overdrawn, the streams' values add up to at most `P` in whatever order
+//! their changes happened, and the peaks stand.
 //!
-//! A change that would take more than a stream has **trips** it: the stream
+//! A change the reserve cannot cover **trips** its stream: the stream
 //! starts a journal from its values before that change (stamped as any, see
 //! `stamp`), and the operation, once it has let go of the stream's lock,
 //! takes a cut. Until that cut nothing else is done on the stream (an
@@ -26,15 +31,13 @@
 //! depend on it: it may be taken as happening at the cut, after every
 //! other stream's changes. The cut settles the tripped streams' journals
 //! against the other streams' values there (`merge`: a stream with no
-//! journal is a run with no change), exactly, and hands out new allowances.
+//! journal is a run with no change), exactly, and fills the reserve again.
 //!
-//! How the headroom `P - sum(v)` is shared ([`share`]): first each stream's
-//! shortfall, how far it is below its own highest value since the mode
-//! began (a stream at the low point of its cycle gets back up to its
-//! high), then the rest evenly. Where trips come close together (a device
-//! still growing, or peaks just reset), cuts cost more than stamps, so the
-//! device journals again for a while ([`Mode`]).
+//! Where trips come close together (a device still growing, or peaks just
+//! reset), cuts cost more than stamps, so the device journals again for a
+//! while ([`Mode`]).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use super::journal::Change;
@@ -43,38 +46,159 @@ use super::stamp::Stamper;
 
 /// Changes a window of allowances must last, per stream, for the device to
 /// keep handing them out after a trip.
-pub(crate) const WINDOW: u64 = 512;
+pub(crate) const WINDOW: u64 = 128;
+
+/// Changes between two returns of an allowance's excess to the reserve.
+const RETURN_EVERY: u64 = 64;
 
 /// Full journals (cuts) the device waits, at most, before trying
 /// allowances again after a window that tripped too soon.
-const MAX_BACKOFF: u32 = 64;
+const MAX_BACKOFF: u32 = 8;
+
+/// The headroom a cut kept back, per statistic: a stream short of allowance
+/// takes from it before tripping, and one with far more than it was given
+/// puts the excess back. Only a stream's lock holder touches it (a cut,
+/// holding every stream, sees it still).
+#[derive(Debug, Default)]
+pub(crate) struct Reserve([AtomicI64; Levels::LEN]);
+
+impl Reserve {
+    /// What the reserve holds.
+    pub(crate) fn load(&self) -> Levels {
+        let mut out = Levels::default();
+        for (i, cell) in self.0.iter().enumerate() {
+            out.set_at(i, cell.load(Ordering::Relaxed));
+        }
+        out
+    }
+
+    /// Keeps `kept` (called at a cut).
+    fn store(&self, kept: &Levels) {
+        for (i, cell) in self.0.iter().enumerate() {
+            cell.store(kept.get(i), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes `need` of statistic `i` and a share of what is left for
+    /// `streams` streams; `None` where the reserve holds less than `need`.
+    fn take(&self, i: usize, need: i64, streams: i64) -> Option<i64> {
+        let cell = &self.0[i];
+        let mut now = cell.load(Ordering::Relaxed);
+        loop {
+            if now < need {
+                return None;
+            }
+            let take = (need + now / (2 * streams)).min(now);
+            match cell.compare_exchange_weak(now, now - take, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(take),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// Puts `amount` of statistic `i` back.
+    fn give(&self, i: usize, amount: i64) {
+        self.0[i].fetch_add(amount, Ordering::Relaxed);
+    }
+}
+
+/// The device's side of allowances: the stamps a trip's journal takes, and
+/// the reserve.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) stamps: Arc<Stamper>,
+    pub(crate) reserve: Reserve,
+}
+
+impl Shared {
+    /// Nothing in reserve.
+    pub(crate) fn new(stamps: Arc<Stamper>) -> Shared {
+        Shared {
+            stamps,
+            reserve: Reserve::default(),
+        }
+    }
+}
 
 /// A stream's allowance while the device hands them out (module docs).
 #[derive(Debug)]
 pub(crate) struct Quota {
     allowance: Levels,
+    /// The most it was given at once, per statistic (at the cut, or taken
+    /// from the reserve): it keeps up to twice that.
+    granted: Levels,
+    /// Streams sharing the reserve.
+    streams: i64,
     /// Changes made since the allowance was handed out.
     changes: u64,
-    /// The device's stamps, for a journal started by a trip.
-    stamps: Arc<Stamper>,
+    shared: Arc<Shared>,
 }
 
 impl Quota {
-    /// `allowance`, to be spent; `stamps` for a trip's journal.
-    pub(crate) fn new(allowance: Levels, stamps: Arc<Stamper>) -> Quota {
+    /// Nothing yet, for one of `streams` streams taking from `shared`'s
+    /// reserve.
+    pub(crate) fn new(streams: usize, shared: Arc<Shared>) -> Quota {
         Quota {
-            allowance,
+            allowance: Levels::default(),
+            granted: Levels::default(),
+            streams: streams.max(1) as i64,
             changes: 0,
-            stamps,
+            shared,
         }
     }
 
-    /// Takes `change`'s increases from the allowance and gives its decreases
-    /// back; whether some statistic is now overdrawn (the stream trips).
+    /// Takes `change`'s increases from the allowance (from the reserve
+    /// where it runs short) and gives its decreases back (every
+    /// [`RETURN_EVERY`] changes, what is over twice the most taken at once
+    /// goes back to the reserve); whether some statistic is now overdrawn
+    /// (the stream trips).
     #[inline(always)]
     pub(crate) fn spend(&mut self, change: Change) -> bool {
         self.changes += 1;
-        self.allowance.spend(change)
+        if self.allowance.spend(change) {
+            return !self.refill();
+        }
+        if self.changes.is_multiple_of(RETURN_EVERY) {
+            self.give_back();
+        }
+        false
+    }
+
+    /// Takes what each overdrawn statistic lacks from the reserve, with a
+    /// share of what is left there; whether the reserve had it all.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self) -> bool {
+        let mut all = true;
+        for i in 0..Levels::LEN {
+            let left = self.allowance.get(i);
+            if left >= 0 {
+                continue;
+            }
+            match self.shared.reserve.take(i, -left, self.streams) {
+                Some(took) => {
+                    self.allowance.set_at(i, left + took);
+                    self.granted.set_at(i, self.granted.get(i).max(took));
+                }
+                None => all = false,
+            }
+        }
+        all
+    }
+
+    /// Puts back in the reserve what each statistic holds beyond what it
+    /// was granted, where it holds more than twice that.
+    #[cold]
+    #[inline(never)]
+    fn give_back(&mut self) {
+        for i in 0..Levels::LEN {
+            let (left, granted) = (self.allowance.get(i), self.granted.get(i));
+            if left > 2 * granted + 1 {
+                self.allowance.set_at(i, granted);
+                self.shared.reserve.give(i, left - granted);
+            }
+        }
     }
 
     /// What is left.
@@ -88,48 +212,19 @@ impl Quota {
     }
 
     /// The stamps a trip's journal uses.
-    pub(crate) fn stamps(self) -> Arc<Stamper> {
-        self.stamps
+    pub(crate) fn stamps(&self) -> Arc<Stamper> {
+        self.shared.stamps.clone()
     }
 }
 
-/// Shares `headroom` (the peaks less the streams' summed values, none
-/// negative) among streams at `levels` whose highest values since the mode
-/// began are `tops`: each statistic's shortfalls first (scaled down where
-/// they add up to more than the headroom), then the rest evenly, the
-/// remainder to the first streams. The shares add up to at most the
-/// headroom, statistic by statistic.
-pub(crate) fn share(headroom: &Levels, levels: &[Levels], tops: &[Levels]) -> Vec<Levels> {
-    let n = levels.len() as i64;
-    let mut out = vec![Levels::default(); levels.len()];
-    if n == 0 {
-        return out;
-    }
+/// Puts `headroom` (the peaks less the streams' summed values) in the
+/// reserve at a cut; the streams' allowances start from nothing.
+pub(crate) fn hand_out(headroom: &Levels, reserve: &Reserve) {
+    let mut kept = Levels::default();
     for i in 0..Levels::LEN {
-        let room = headroom.get(i).max(0);
-        let short: Vec<i64> = levels
-            .iter()
-            .zip(tops)
-            .map(|(l, t)| (t.get(i) - l.get(i)).max(0))
-            .collect();
-        let total: i64 = short.iter().sum();
-        let given: Vec<i64> = if total <= room {
-            let (each, extra) = ((room - total) / n, (room - total) % n);
-            let evenly = |s: usize| each + i64::from((s as i64) < extra);
-            short
-                .iter()
-                .enumerate()
-                .map(|(s, &x)| x + evenly(s))
-                .collect()
-        } else {
-            let scale = |x: i64| (i128::from(x) * i128::from(room) / i128::from(total)) as i64;
-            short.iter().map(|&x| scale(x)).collect()
-        };
-        for (o, g) in out.iter_mut().zip(given) {
-            o.set_at(i, g);
-        }
+        kept.set_at(i, headroom.get(i).max(0));
     }
-    out
+    reserve.store(&kept);
 }
 
 /// How the device keeps its peaks with several streams: journals, or
@@ -192,31 +287,73 @@ impl Mode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::cachalot::journal::Change;
 
-    fn levels(values: &[(usize, i64)]) -> Levels {
-        let mut l = Levels::default();
-        for &(i, v) in values {
-            l.set_at(i, v);
+    fn alloc(size: u64) -> Change {
+        Change::Allocated {
+            small: false,
+            size,
+            requested: size,
         }
-        l
     }
 
-    /// Shortfalls come first, the rest evenly with the remainder to the
-    /// first streams; nothing more than the headroom is given.
+    fn free(size: u64) -> Change {
+        Change::Freed {
+            small: false,
+            size,
+            requested: size,
+        }
+    }
+
+    /// Index of the large pool's allocated bytes in a `Levels`.
+    const LARGE_BYTES: usize = 4 * 3 + 1;
+
+    /// An allowance takes from the reserve as it runs short, puts back what
+    /// it holds beyond twice what it took, and trips where the reserve
+    /// cannot cover it; what it and the reserve hold never grows.
     #[test]
-    fn shortfalls_first_then_evenly() {
-        let now = [levels(&[(0, 31)]), levels(&[(0, 32)]), levels(&[(0, 10)])];
-        let tops = [levels(&[(0, 32)]), levels(&[(0, 32)]), levels(&[(0, 20)])];
-        let got = share(&levels(&[(0, 13)]), &now, &tops);
+    fn allowances_take_from_the_reserve_and_give_back() {
+        let shared = Arc::new(Shared::new(Arc::new(Stamper::new(quanta::Clock::new()))));
+        let mut headroom = Levels::default();
+        for i in 0..Levels::LEN {
+            headroom.set_at(i, 1000);
+        }
+        hand_out(&headroom, &shared.reserve);
+        let mut q = Quota::new(2, shared.clone());
+        let held =
+            |q: &Quota| q.allowance().get(LARGE_BYTES) + shared.reserve.load().get(LARGE_BYTES);
+        assert!(!q.spend(alloc(100)));
+        // Took 100 and a quarter (two streams: 1 / 4) of the 1000 there.
+        assert_eq!(q.allowance().get(LARGE_BYTES), 250);
+        assert_eq!(held(&q), 900);
+        assert!(!q.spend(free(100)));
+        assert_eq!(held(&q), 1000);
+        for _ in 0..RETURN_EVERY {
+            assert!(!q.spend(free(0)));
+        }
         assert_eq!(
-            got.iter().map(|l| l.get(0)).collect::<Vec<_>>(),
-            vec![2, 1, 10]
+            q.allowance().get(LARGE_BYTES),
+            350,
+            "at most twice the 350 taken: kept"
         );
-        let got = share(&levels(&[(0, 5)]), &now, &tops);
-        let given: Vec<i64> = got.iter().map(|l| l.get(0)).collect();
-        assert_eq!(given, vec![0, 0, 4]); // 1*5/11 and 10*5/11, floored
-        assert!(given.iter().sum::<i64>() <= 5);
-        assert!(got.iter().all(|l| l.get(1) == 0));
+        assert!(!q.spend(free(400)));
+        for _ in 0..RETURN_EVERY {
+            assert!(!q.spend(free(0)));
+        }
+        assert_eq!(
+            q.allowance().get(LARGE_BYTES),
+            350,
+            "over twice: the excess went back"
+        );
+        assert_eq!(held(&q), 1400);
+        assert!(!q.spend(alloc(400)));
+        assert_eq!(held(&q), 1000);
+        assert!(
+            q.spend(alloc(1001)),
+            "more than the device's headroom trips"
+        );
+        assert!(q.allowance().get(LARGE_BYTES) < 0);
+        assert!(shared.reserve.load().get(LARGE_BYTES) >= 0);
     }
 
     /// A window that trips too soon goes back to journals for longer and
