@@ -523,6 +523,16 @@ impl CachalotAllocator {
         reset: bool,
     ) -> MutexGuard<'a, Option<Merged>> {
         let mut merged = self.journal.wait_idle(merged);
+        if merged.as_ref().is_some_and(|m| !m.mode.quota) {
+            // What the journals hold is settled with the streams going on:
+            // under every stream's lock, only what they add meanwhile.
+            if let Some(mut cut) = self.cut(&mut merged) {
+                cut.settle();
+                if let Some(m) = merged.as_mut() {
+                    m.finish(cut);
+                }
+            }
+        }
         let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
         match merged.as_mut() {
             Some(m) => {
