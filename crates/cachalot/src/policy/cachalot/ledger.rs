@@ -16,7 +16,7 @@ use crate::stats::MemoryStats;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::merge::{DeviceJournal, Merged};
-use super::quota::Quota;
+use super::quota::{self, Quota};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -40,6 +40,9 @@ pub(crate) struct Ledger {
     /// The stream tripped: it journals the operation that did, and waits for
     /// the next cut.
     tripped: bool,
+    /// Its allowance had been in and out of the reserve too often (see
+    /// `Quota::churned`) when it tripped, or it tripped too soon.
+    quick: bool,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -62,6 +65,7 @@ impl Ledger {
             journal: None,
             quota: None,
             tripped: false,
+            quick: false,
             events: EventSink::new(start),
             stream,
             batch: None,
@@ -119,6 +123,13 @@ impl Ledger {
     /// Whether the stream tripped its allowance and waits for a cut.
     pub(crate) fn tripped(&self) -> bool {
         self.tripped
+    }
+
+    /// Whether it tripped soon after the allowances were handed out, or
+    /// after churning through the reserve: allowances cost more than
+    /// journals there.
+    pub(crate) fn tripped_quickly(&self) -> bool {
+        self.tripped && self.quick
     }
 
     /// Starts `device`'s merges from this stream's figures (the device's
@@ -189,6 +200,7 @@ impl Ledger {
         if let Some(quota) = self.quota.take() {
             self.journal = Some(Journal::tripped(quota.stamps(), &mut self.figures));
             self.tripped = true;
+            self.quick = quota.churned() || quota.changes() < quota::WINDOW;
         }
     }
 

@@ -446,12 +446,12 @@ impl CachalotAllocator {
         mut visit: impl FnMut(&mut StreamState),
         (reset, check): (bool, bool),
     ) -> std::result::Result<(), InvariantViolation> {
-        let (mut tripped, mut changes) = (false, 0);
+        let (mut tripped, mut quick) = (false, false);
         let (mut cut, mut found) = (m.begin(), Ok(()));
         for st in locked.iter_mut() {
             visit(st);
             tripped |= st.ledger.tripped();
-            changes += st.ledger.quota().map_or(0, |q| q.changes());
+            quick |= st.ledger.tripped_quickly();
             if let Some(run) = st.ledger.take_run(m.spare()) {
                 if check && found.is_ok() {
                     found = run
@@ -469,7 +469,7 @@ impl CachalotAllocator {
             m.reset_peak(now);
             m.mode = quota::Mode::journals();
         }
-        if m.mode.next(tripped, changes, locked.len()) && !reset {
+        if m.mode.next(tripped, quick) && !reset {
             let shared = self.journal.shared();
             quota::hand_out(&m.peaks().minus(&now), &shared.reserve);
             let n = locked.len();

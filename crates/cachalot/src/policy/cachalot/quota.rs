@@ -51,6 +51,9 @@ pub(crate) const WINDOW: u64 = 128;
 /// Changes between two returns of an allowance's excess to the reserve.
 const RETURN_EVERY: u64 = 64;
 
+/// Changes per trip to the reserve below which a stream churns.
+const CHURN: u64 = 64;
+
 /// Full journals (cuts) the device waits, at most, before trying
 /// allowances again after a window that tripped too soon.
 const MAX_BACKOFF: u32 = 8;
@@ -132,6 +135,8 @@ pub(crate) struct Quota {
     streams: i64,
     /// Changes made since the allowance was handed out.
     changes: u64,
+    /// Times it took from or gave back to the reserve since.
+    trips_to_reserve: u64,
     shared: Arc<Shared>,
 }
 
@@ -144,6 +149,7 @@ impl Quota {
             granted: Levels::default(),
             streams: streams.max(1) as i64,
             changes: 0,
+            trips_to_reserve: 0,
             shared,
         }
     }
@@ -166,10 +172,15 @@ impl Quota {
     }
 
     /// Takes what each overdrawn statistic lacks from the reserve, with a
-    /// share of what is left there; whether the reserve had it all.
+    /// share of what is left there; whether the reserve had it all (and the
+    /// stream does not [churn](Quota::churned)).
     #[cold]
     #[inline(never)]
     fn refill(&mut self) -> bool {
+        self.trips_to_reserve += 1;
+        if self.churned() {
+            return false;
+        }
         let mut all = true;
         for i in 0..Levels::LEN {
             let left = self.allowance.get(i);
@@ -195,6 +206,7 @@ impl Quota {
         for i in 0..Levels::LEN {
             let (left, granted) = (self.allowance.get(i), self.granted.get(i));
             if left > 2 * granted + 1 {
+                self.trips_to_reserve += 1;
                 self.allowance.set_at(i, granted);
                 self.shared.reserve.give(i, left - granted);
             }
@@ -209,6 +221,14 @@ impl Quota {
     /// Changes made since the allowance was handed out.
     pub(crate) fn changes(&self) -> u64 {
         self.changes
+    }
+
+    /// Whether the stream goes to the reserve more than once per
+    /// [`CHURN`] changes (over at least [`WINDOW`]): the headroom is too
+    /// tight for the streams' swings, and every trip to the reserve passes
+    /// its cache line between the threads. Its next refill trips it.
+    pub(crate) fn churned(&self) -> bool {
+        self.changes >= WINDOW && self.trips_to_reserve * CHURN > self.changes
     }
 
     /// The stamps a trip's journal uses.
@@ -267,13 +287,13 @@ impl Mode {
     }
 
     /// Whether a cut now (every earlier one settled) should hand out
-    /// allowances, after a window of allowances over `streams` streams that
-    /// made `changes` changes and `tripped` or not (ignored while
+    /// allowances, after a window of allowances that a stream `tripped` or
+    /// not, `quick` (too soon, or churning) or not (both ignored while
     /// journaling).
-    pub(crate) fn next(&mut self, tripped: bool, changes: u64, streams: usize) -> bool {
+    pub(crate) fn next(&mut self, tripped: bool, quick: bool) -> bool {
         if !self.quota {
             self.quota = self.backoff == 0;
-        } else if tripped && changes < WINDOW * streams as u64 {
+        } else if tripped && quick {
             self.quota = false;
             self.backoff = self.next_backoff;
             self.next_backoff = (self.next_backoff * 2).min(MAX_BACKOFF);
@@ -289,24 +309,17 @@ mod tests {
     use super::*;
     use crate::policy::cachalot::journal::Change;
 
-    fn alloc(size: u64) -> Change {
-        Change::Allocated {
+    /// `bytes` more (or, negative, fewer) reserved in the large pool.
+    fn reserve(bytes: i64) -> Change {
+        Change::Reserved {
             small: false,
-            size,
-            requested: size,
+            bytes,
+            segments: 0,
         }
     }
 
-    fn free(size: u64) -> Change {
-        Change::Freed {
-            small: false,
-            size,
-            requested: size,
-        }
-    }
-
-    /// Index of the large pool's allocated bytes in a `Levels`.
-    const LARGE_BYTES: usize = 4 * 3 + 1;
+    /// Index of the large pool's reserved bytes in a `Levels`.
+    const LARGE_BYTES: usize = 5 * 3 + 1;
 
     /// An allowance takes from the reserve as it runs short, puts back what
     /// it holds beyond twice what it took, and trips where the reserve
@@ -322,23 +335,24 @@ mod tests {
         let mut q = Quota::new(2, shared.clone());
         let held =
             |q: &Quota| q.allowance().get(LARGE_BYTES) + shared.reserve.load().get(LARGE_BYTES);
-        assert!(!q.spend(alloc(100)));
+        assert!(!q.spend(reserve(100)));
         // Took 100 and a quarter (two streams: 1 / 4) of the 1000 there.
         assert_eq!(q.allowance().get(LARGE_BYTES), 250);
         assert_eq!(held(&q), 900);
-        assert!(!q.spend(free(100)));
+        assert!(!q.spend(reserve(-100)));
         assert_eq!(held(&q), 1000);
-        for _ in 0..RETURN_EVERY {
-            assert!(!q.spend(free(0)));
+        for _ in 0..4 * RETURN_EVERY {
+            assert!(!q.spend(reserve(0)));
         }
         assert_eq!(
             q.allowance().get(LARGE_BYTES),
             350,
             "at most twice the 350 taken: kept"
         );
-        assert!(!q.spend(free(400)));
-        for _ in 0..RETURN_EVERY {
-            assert!(!q.spend(free(0)));
+        assert!(!q.spend(reserve(-400)));
+        // Enough changes that three trips to the reserve are no churn.
+        for _ in 0..4 * RETURN_EVERY {
+            assert!(!q.spend(reserve(0)));
         }
         assert_eq!(
             q.allowance().get(LARGE_BYTES),
@@ -346,10 +360,10 @@ mod tests {
             "over twice: the excess went back"
         );
         assert_eq!(held(&q), 1400);
-        assert!(!q.spend(alloc(400)));
+        assert!(!q.spend(reserve(400)));
         assert_eq!(held(&q), 1000);
         assert!(
-            q.spend(alloc(1001)),
+            q.spend(reserve(1001)),
             "more than the device's headroom trips"
         );
         assert!(q.allowance().get(LARGE_BYTES) < 0);
@@ -361,15 +375,15 @@ mod tests {
     #[test]
     fn quick_trips_back_off() {
         let mut m = Mode::default();
-        assert!(m.next(false, 0, 2));
-        assert!(!m.next(true, 10, 2));
+        assert!(m.next(false, false));
+        assert!(!m.next(true, true));
         assert!(!m.try_quota() && m.try_quota());
-        assert!(m.next(false, 0, 2));
-        assert!(!m.next(true, 10, 2));
+        assert!(m.next(false, false));
+        assert!(!m.next(true, true));
         assert!(!m.try_quota() && !m.try_quota() && m.try_quota());
-        assert!(m.next(false, 0, 2));
-        assert!(m.next(true, 2 * WINDOW, 2));
-        assert!(!m.next(true, 10, 2));
+        assert!(m.next(false, false));
+        assert!(m.next(true, false));
+        assert!(!m.next(true, true));
         assert!(!m.try_quota() && m.try_quota());
     }
 }
