@@ -295,27 +295,13 @@ impl Journal {
     /// An empty journal starting from `figures`' values, whose peaks are
     /// reset (from now on they are the open chunk's).
     pub(crate) fn new(stamps: Arc<Stamper>, figures: &mut Figures) -> Journal {
-        Journal::with_room(stamps, figures, JOURNAL_LIMIT)
-    }
-
-    /// The journal of a stream that tripped (`quota`) within an operation,
-    /// from `figures`' values before the change that tripped it: the
-    /// operation's changes from there on share one stamp, and nothing else
-    /// is done on the stream before the next cut takes them.
-    pub(crate) fn tripped(stamps: Arc<Stamper>, figures: &mut Figures) -> Journal {
-        let mut journal = Journal::with_room(stamps, figures, CHUNK);
-        journal.op = Some(None);
-        journal
-    }
-
-    fn with_room(stamps: Arc<Stamper>, figures: &mut Figures, room: usize) -> Journal {
         figures.reset_peak();
         Journal {
             stamps,
             run: Run {
                 start: figures.levels(),
-                entries: Vec::with_capacity(room),
-                chunks: Vec::with_capacity(room / CHUNK + 1),
+                entries: Vec::with_capacity(JOURNAL_LIMIT),
+                chunks: Vec::with_capacity(JOURNAL_LIMIT / CHUNK + 1),
             },
             open: 0,
             op: None,

@@ -16,7 +16,6 @@ use crate::stats::MemoryStats;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::merge::{DeviceJournal, Merged};
-use super::quota::{self, Quota};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -34,15 +33,6 @@ pub(crate) struct Ledger {
     /// With several streams on the device: this stream's changes since the
     /// last merge.
     journal: Option<Journal>,
-    /// With several streams, while the device hands out allowances instead
-    /// (`quota`): this stream's, until it trips.
-    quota: Option<Quota>,
-    /// The stream tripped: it journals the operation that did, and waits for
-    /// the next cut.
-    tripped: bool,
-    /// Its allowance had been in and out of the reserve too often (see
-    /// `Quota::churned`) when it tripped, or it tripped too soon.
-    quick: bool,
     events: EventSink,
     stream: StreamId,
     batch: Option<Batch>,
@@ -63,9 +53,6 @@ impl Ledger {
         Ledger {
             figures: Figures::new(stats),
             journal: None,
-            quota: None,
-            tripped: false,
-            quick: false,
             events: EventSink::new(start),
             stream,
             batch: None,
@@ -92,44 +79,9 @@ impl Ledger {
         self.figures.reset_accumulated();
     }
 
-    /// Journals every change from now on, for `device`'s merges (the
-    /// journal it has goes on).
+    /// Journals every change from now on, for `device`'s merges.
     pub(crate) fn keep_journal(&mut self, device: &DeviceJournal) {
-        if self.journal.is_none() {
-            self.journal = Some(device.journal(&mut self.figures));
-        }
-        self.quota = None;
-        self.tripped = false;
-    }
-
-    /// Spends `quota` from now on instead of journaling (called at a cut,
-    /// which took the journal's changes). The figures' peaks from now on
-    /// are the stream's highest values under allowances.
-    pub(crate) fn keep_quota(&mut self, quota: Quota) {
-        if self.quota.is_none() {
-            self.figures.reset_peak();
-        }
-        self.journal = None;
-        self.quota = Some(quota);
-        self.tripped = false;
-    }
-
-    /// The allowance left, while the device hands them out and the stream
-    /// has not tripped.
-    pub(crate) fn quota(&self) -> Option<&Quota> {
-        self.quota.as_ref()
-    }
-
-    /// Whether the stream tripped its allowance and waits for a cut.
-    pub(crate) fn tripped(&self) -> bool {
-        self.tripped
-    }
-
-    /// Whether it tripped soon after the allowances were handed out, or
-    /// after churning through the reserve: allowances cost more than
-    /// journals there.
-    pub(crate) fn tripped_quickly(&self) -> bool {
-        self.tripped && self.quick
+        self.journal = Some(device.journal(&mut self.figures));
     }
 
     /// Starts `device`'s merges from this stream's figures (the device's
@@ -162,15 +114,10 @@ impl Ledger {
     }
 
     /// The changes journaled since the last call, as a run (the journal goes
-    /// on in `spare`); under an allowance, a run with no change at the
-    /// stream's values; `None` (and `spare` dropped) with neither.
-    pub(crate) fn take_run(&mut self, mut spare: Run) -> Option<Run> {
-        if let Some(journal) = self.journal.as_mut() {
-            return Some(journal.take(&mut self.figures, spare));
-        }
-        self.quota.as_ref()?;
-        spare.start = self.figures.levels();
-        Some(spare)
+    /// on in `spare`); `None` (and `spare` dropped) without a journal.
+    pub(crate) fn take_run(&mut self, spare: Run) -> Option<Run> {
+        let journal = self.journal.as_mut()?;
+        Some(journal.take(&mut self.figures, spare))
     }
 
     /// Every statistic's current value.
@@ -181,26 +128,9 @@ impl Ledger {
     /// Applies `change` to the stream's figures and journals it.
     #[inline(always)]
     fn change(&mut self, change: Change) {
-        if let Some(quota) = &mut self.quota {
-            if quota.spend(change) {
-                self.trip();
-            }
-        }
         self.figures.apply(change);
         if let Some(journal) = &mut self.journal {
             journal.note(change, &mut self.figures);
-        }
-    }
-
-    /// `change` (not yet applied) overdrew the allowance: from the values
-    /// before it, the stream journals until the next cut (`quota`).
-    #[cold]
-    #[inline(never)]
-    fn trip(&mut self) {
-        if let Some(quota) = self.quota.take() {
-            self.journal = Some(Journal::tripped(quota.stamps(), &mut self.figures));
-            self.tripped = true;
-            self.quick = quota.churned() || quota.changes() < quota::WINDOW;
         }
     }
 

@@ -143,35 +143,6 @@ impl Levels {
         }
     }
 
-    /// Statistics held (families times pools).
-    pub(crate) const LEN: usize = FAMILIES * 3;
-
-    /// Statistic `i` (`i < LEN`, family by family).
-    pub(crate) fn get(&self, i: usize) -> i64 {
-        self.0[i / 3][i % 3]
-    }
-
-    /// Sets statistic `i` (`i < LEN`).
-    pub(crate) fn set_at(&mut self, i: usize, value: i64) {
-        self.0[i / 3][i % 3] = value;
-    }
-
-    /// Taken as allowances (`quota`): takes `change`'s increases from them
-    /// and gives its decreases back; whether one it took from is now below
-    /// zero.
-    #[inline(always)]
-    pub(crate) fn spend(&mut self, change: Change) -> bool {
-        let mut short = false;
-        moves(change, |family, small, amount| {
-            let row = &mut self.0[family];
-            for p in [usize::from(!small), ALL] {
-                row[p] -= amount;
-                short |= row[p] < 0;
-            }
-        });
-        short
-    }
-
     /// The first statistic (family, pool) here below `other`'s, if any.
     pub(crate) fn first_below(&self, other: &Levels) -> Option<(usize, usize)> {
         (0..FAMILIES)

@@ -34,7 +34,6 @@ use crate::error::InvariantViolation;
 
 use super::journal::{Change, Figures, Journal, Run};
 use super::levels::Levels;
-use super::quota::{Mode, Shared};
 use super::settler::{MergeState, Settler};
 use super::stamp::Stamper;
 
@@ -43,27 +42,23 @@ use super::stamp::Stamper;
 #[derive(Debug)]
 pub(crate) struct DeviceJournal {
     stamps: Arc<Stamper>,
-    shared: Arc<Shared>,
     state: Arc<MergeState>,
     /// Whether a cut is being taken: read by every stream whose journal is
     /// full, so that they do not all take turns at the lock's cache line.
     merging: AtomicBool,
-    /// Whether streams journal (the device has had several, and hands out no
-    /// allowances): operations take a stamp as they begin.
-    stamping: AtomicBool,
+    /// Whether the device has had several streams (streams journal).
+    several: AtomicBool,
     settler: Settler,
 }
 
 impl DeviceJournal {
     /// Nothing journaled yet.
     pub(crate) fn new() -> DeviceJournal {
-        let stamps = Arc::new(Stamper::new(quanta::Clock::new()));
         DeviceJournal {
-            shared: Arc::new(Shared::new(stamps.clone())),
-            stamps,
+            stamps: Arc::new(Stamper::new(quanta::Clock::new())),
             state: Arc::default(),
             merging: AtomicBool::new(false),
-            stamping: AtomicBool::new(false),
+            several: AtomicBool::new(false),
             settler: Settler::default(),
         }
     }
@@ -79,24 +74,13 @@ impl DeviceJournal {
         self.state.wait_idle(guard)
     }
 
-    /// While streams journal, an operation's stamp, made before its
-    /// stream's lock is taken (`journal`, `stamp`). A stale read of the mode
-    /// is harmless: a stamp not used, or one made at the first change.
+    /// Once the device has had several streams, an operation's stamp, made
+    /// before its stream's lock is taken (`journal`, `stamp`).
     #[inline(always)]
     pub(crate) fn early_stamp(&self) -> Option<u64> {
-        self.stamping
+        self.several
             .load(Ordering::Relaxed)
             .then(|| self.stamps.stamp())
-    }
-
-    /// Marks whether streams journal (called at a cut that sets the mode).
-    pub(crate) fn set_stamping(&self, stamping: bool) {
-        self.stamping.store(stamping, Ordering::Relaxed);
-    }
-
-    /// What allowances share (`quota`): the stamps for a trip, the reserve.
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
     }
 
     /// Settles a cut taken and let go of, on a settler thread where it
@@ -129,10 +113,8 @@ impl DeviceJournal {
     /// drive it by hand).
     #[cfg(test)]
     pub(crate) fn with_clock(clock: quanta::Clock) -> DeviceJournal {
-        let stamps = Arc::new(Stamper::with_chains(clock, false));
         DeviceJournal {
-            shared: Arc::new(Shared::new(stamps.clone())),
-            stamps,
+            stamps: Arc::new(Stamper::with_chains(clock, false)),
             ..DeviceJournal::new()
         }
     }
@@ -146,7 +128,7 @@ impl DeviceJournal {
             pid: std::process::id(),
             ..Merged::default()
         });
-        self.stamping.store(true, Ordering::Relaxed);
+        self.several.store(true, Ordering::Relaxed);
         self.journal(only)
     }
 
@@ -160,8 +142,6 @@ impl DeviceJournal {
 #[derive(Debug, Default)]
 pub(crate) struct Merged {
     peaks: Levels,
-    /// Journals or allowances (`quota`).
-    pub(crate) mode: Mode,
     /// Emptied runs, for journals to fill again.
     spare: Vec<Run>,
     /// Cuts taken and not yet settled.

@@ -191,7 +191,6 @@ mod merge;
 mod pages;
 mod pool;
 mod private;
-mod quota;
 mod reuse;
 mod settler;
 mod stamp;
@@ -220,8 +219,6 @@ use levels::Levels;
 use merge::{Cut, DeviceJournal, Merged};
 use pages::Pages;
 use pool::ROUNDING;
-use quota::Quota;
-use spin::mutex::SpinMutexGuard;
 use stream::{StreamConfig, StreamState};
 
 /// The `cachalot` policy's allocator for one device. See the module docs.
@@ -311,7 +308,7 @@ impl CachalotAllocator {
                 only.lock().ledger.start_merging(&self.journal, &mut merged);
             }
         }
-        let quota = merged.as_ref().map(|m| m.mode.quota);
+        let several = merged.is_some();
         let make = |ranges| {
             let mut ledger = Ledger::new(
                 MemoryStats::new(self.config.max_split_size),
@@ -324,15 +321,8 @@ impl CachalotAllocator {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
             );
-            // A new stream's allowance is nothing: its first increase trips
-            // it, and the cut hands it a share.
-            match quota {
-                Some(true) => ledger.keep_quota(Quota::new(
-                    self.streams.iter().count() + 1,
-                    self.journal.shared().clone(),
-                )),
-                Some(false) => ledger.keep_journal(&self.journal),
-                None => {}
+            if several {
+                ledger.keep_journal(&self.journal);
             }
             StreamState::new(stream, ledger, self.stream_config, ranges, pool != 0)
         };
@@ -383,108 +373,21 @@ impl CachalotAllocator {
     }
 
     /// Runs `f` under `entry`'s lock, then merges the journals if the
-    /// stream's is full, or settles its trip (`quota`). A stream that
-    /// tripped is left alone until the trip is settled.
+    /// stream's is full.
     #[inline(always)]
     fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
         let early = self.journal.early_stamp();
-        let (out, fill, tripped) = {
-            let mut st = self.lock_settled(entry);
+        let (out, fill) = {
+            let mut st = entry.lock();
             st.ledger.begin_op(early);
             let out = f(&mut st);
             st.ledger.end_op();
-            let fill = st.ledger.journal().map_or(Fill::Room, |j| j.fill());
-            (out, fill, st.ledger.tripped())
+            (out, st.ledger.journal().map_or(Fill::Room, |j| j.fill()))
         };
-        if tripped {
-            self.settle_trips();
-        } else if fill != Fill::Room {
+        if fill != Fill::Room {
             self.merge_when_full(fill);
         }
         out
-    }
-
-    /// `entry`'s lock, once the stream has no trip waiting for a cut.
-    #[inline(always)]
-    fn lock_settled<'a>(&self, entry: &'a StreamEntry) -> SpinMutexGuard<'a, StreamState> {
-        loop {
-            let st = entry.lock();
-            if !st.ledger.tripped() {
-                return st;
-            }
-            drop(st);
-            self.settle_trips();
-        }
-    }
-
-    /// Takes a cut if some stream tripped its allowance (`quota`): every
-    /// stream locked, the trips settled against the others' values, the
-    /// allowances handed out again (or journals, after a quick trip).
-    #[cold]
-    #[inline(never)]
-    fn settle_trips(&self) {
-        let mut merged = self.journal.wait_idle(self.journal.lock());
-        let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
-        if let Some(m) = merged.as_mut() {
-            if locked.iter().any(|st| st.ledger.tripped()) {
-                // Unchecked: nothing to report.
-                let _ = self.settle_locked(m, &mut locked, |_| {}, (false, false));
-            }
-        }
-    }
-
-    /// With every stream locked and every earlier cut settled: takes their
-    /// runs into a cut (each seen by `visit` first), settles it, resets the
-    /// peaks to the device's values if `reset`, and hands out allowances or
-    /// journals for what comes next (`quota::Mode`). With `check`, errs
-    /// with the first run that does not hold together (settled all the
-    /// same).
-    fn settle_locked(
-        &self,
-        m: &mut Merged,
-        locked: &mut [SpinMutexGuard<'_, StreamState>],
-        mut visit: impl FnMut(&mut StreamState),
-        (reset, check): (bool, bool),
-    ) -> std::result::Result<(), InvariantViolation> {
-        let (mut tripped, mut quick) = (false, false);
-        let (mut cut, mut found) = (m.begin(), Ok(()));
-        for st in locked.iter_mut() {
-            visit(st);
-            tripped |= st.ledger.tripped();
-            quick |= st.ledger.tripped_quickly();
-            if let Some(run) = st.ledger.take_run(m.spare()) {
-                if check && found.is_ok() {
-                    found = run
-                        .validate()
-                        .map_err(|e| InvariantViolation(format!("{}: {e}", st.stream())));
-                }
-                cut.add(run);
-            }
-        }
-        cut.settle();
-        m.finish(cut);
-        let levels: Vec<Levels> = locked.iter().map(|st| st.ledger.levels()).collect();
-        let now = levels.iter().fold(Levels::default(), |s, l| s.plus(l));
-        if reset {
-            m.reset_peak(now);
-            m.mode = quota::Mode::journals();
-        }
-        if m.mode.next(tripped, quick) && !reset {
-            let shared = self.journal.shared();
-            quota::hand_out(&m.peaks().minus(&now), &shared.reserve);
-            let n = locked.len();
-            for st in locked.iter_mut() {
-                st.ledger.keep_quota(Quota::new(n, shared.clone()));
-            }
-            self.journal.set_stamping(false);
-        } else {
-            m.mode.quota = false;
-            locked
-                .iter_mut()
-                .for_each(|st| st.ledger.keep_journal(&self.journal));
-            self.journal.set_stamping(true);
-        }
-        found
     }
 
     /// A cut, unless one is being taken (which takes this stream's changes
@@ -500,61 +403,46 @@ impl CachalotAllocator {
             _ => self.journal.try_lock(),
         };
         let Some(mut merged) = guard else { return };
-        if merged.as_mut().is_some_and(|m| m.mode.try_quota()) {
-            drop(self.merge(merged, |_| {}, false));
-            return;
-        }
-        let cut = self.cut(&mut merged);
+        let cut = self.cut(&mut merged, |_| {});
         drop(merged);
         if let Some(cut) = cut {
             self.journal.settle_apart(cut);
         }
     }
 
-    /// The device's statistics merged up to now, from the merge state's
-    /// lock: every cut taken settled, then one more with every stream
-    /// locked, which also sets the mode from there (`settle_locked`; the
-    /// peaks reset if `reset`). `visit` sees each stream at that cut (`None`
-    /// while the device has had one stream: each stream, one by one).
-    fn merge<'a>(
-        &self,
-        merged: MutexGuard<'a, Option<Merged>>,
-        mut visit: impl FnMut(&mut StreamState),
-        reset: bool,
-    ) -> MutexGuard<'a, Option<Merged>> {
-        let mut merged = self.journal.wait_idle(merged);
-        if merged.as_ref().is_some_and(|m| !m.mode.quota) {
-            // What the journals hold is settled with the streams going on:
-            // under every stream's lock, only what they add meanwhile.
-            if let Some(mut cut) = self.cut(&mut merged) {
-                cut.settle();
-                if let Some(m) = merged.as_mut() {
-                    m.finish(cut);
-                }
+    /// The device's statistics merged up to now: every cut taken settled,
+    /// then one more, all under the merge state's lock (`None` while the
+    /// device has had one stream). `visit` sees each stream at that cut.
+    fn merge(&self, visit: impl FnMut(&mut StreamState)) -> MutexGuard<'_, Option<Merged>> {
+        let mut merged = self.journal.wait_idle(self.journal.lock());
+        if let Some(mut cut) = self.cut(&mut merged, visit) {
+            cut.settle();
+            if let Some(m) = merged.as_mut() {
+                m.finish(cut);
             }
-        }
-        let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
-        match merged.as_mut() {
-            Some(m) => {
-                // Unchecked: nothing to report.
-                let _ = self.settle_locked(m, &mut locked, visit, (reset, false));
-            }
-            None => locked.iter_mut().for_each(|st| visit(st)),
         }
         merged
     }
 
     /// Locks every stream at once (in table order: no change is under way, and
-    /// the streams' values add up to the device's), takes their journals'
-    /// runs into a cut and lets them go. Called with the merge state locked,
-    /// which holds off new streams; `None` while the device has had one
-    /// stream.
-    fn cut(&self, merged: &mut Option<Merged>) -> Option<Cut> {
-        let m = merged.as_mut()?;
+    /// the streams' values add up to the device's), runs `visit` on each, takes
+    /// their journals' runs into a cut and lets them go. Called with the merge
+    /// state locked, which holds off new streams; `None` while the device has
+    /// had one stream.
+    fn cut(
+        &self,
+        merged: &mut Option<Merged>,
+        mut visit: impl FnMut(&mut StreamState),
+    ) -> Option<Cut> {
         let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
+        let Some(m) = merged.as_mut() else {
+            locked.iter_mut().for_each(|st| visit(st));
+            return None;
+        };
         self.journal.set_busy(true);
         let mut cut = m.begin();
         for st in &mut locked {
+            visit(st);
             if let Some(run) = st.ledger.take_run(m.spare()) {
                 cut.add(run);
             }
@@ -690,7 +578,7 @@ impl DeviceAllocator for CachalotAllocator {
 
     fn stats(&self) -> MemoryStats {
         let mut all = MemoryStats::new(self.config.max_split_size);
-        let merged = self.merge(self.journal.lock(), |st| all.add(&st.ledger.stats()), false);
+        let merged = self.merge(|st| all.add(&st.ledger.stats()));
         // The streams' currents and counters add up; their peaks do not
         // (`journal`).
         if let Some(m) = merged.as_ref() {
@@ -700,13 +588,16 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn reset_peak_stats(&self) {
-        let merged = self.merge(self.journal.lock(), |_| {}, true);
-        if merged.is_none() {
-            // One stream: its peaks are the device's (with several, the
-            // merge reset them).
-            self.streams
+        let mut now = Levels::default();
+        let mut merged = self.merge(|st| now = now.plus(&st.ledger.levels()));
+        match merged.as_mut() {
+            Some(m) => m.reset_peak(now),
+            // One stream: its peaks are the device's (with several, each
+            // stream's are its journal's open chunk's).
+            None => self
+                .streams
                 .iter()
-                .for_each(|e| e.lock().ledger.reset_peak());
+                .for_each(|e| e.lock().ledger.reset_peak()),
         }
     }
 
@@ -793,29 +684,41 @@ impl DeviceAllocator for CachalotAllocator {
             self.book().iter().map(|(_, r)| r.slot).collect();
         let mut merged = self.journal.wait_idle(self.journal.lock());
         let _frozen = self.streams.freeze();
-        let entries: Vec<_> = self.streams.iter().collect();
-        let mut locked: Vec<_> = entries.iter().map(|e| e.lock()).collect();
+        let mut locked: Vec<_> = self
+            .streams
+            .iter()
+            .map(|e| (e.stream, e.pool, e.lock()))
+            .collect();
         let mut reserved = 0;
         let mut now = Levels::default();
-        for (e, st) in entries.iter().zip(&locked) {
-            let (stream, pool) = (e.stream, e.pool);
+        for (stream, pool, st) in &mut locked {
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
             crate::ensure_invariant!(
-                pool == 0 || pools.contains(&pool) || st.reserved() == 0,
+                *pool == 0 || pools.contains(pool) || st.reserved() == 0,
                 "{stream}: a lane of forgotten private pool slot {pool} holds memory"
             );
             reserved += st.reserved();
             now = now.plus(&st.ledger.levels());
         }
         if let Some(m) = merged.as_mut() {
-            // Allowances as spent, then as handed out again; every run
-            // taken is settled, whatever is found (a cut left in flight
-            // would hold off every reader).
-            validate_quotas(m, &locked, &now, &self.journal.shared().reserve)?;
-            self.settle_locked(m, &mut locked, |_| {}, (false, true))?;
+            // Every run taken is settled, whatever is found (a cut left in
+            // flight would hold off every reader).
+            let (mut cut, mut found) = (m.begin(), Ok(()));
+            for (stream, _, st) in &mut locked {
+                if let Some(run) = st.ledger.take_run(m.spare()) {
+                    if found.is_ok() {
+                        found = run
+                            .validate()
+                            .map_err(|e| InvariantViolation(format!("{stream}: {e}")));
+                    }
+                    cut.add(run);
+                }
+            }
+            cut.settle();
+            m.finish(cut);
+            found?;
             m.validate(&now)?;
-            validate_quotas(m, &locked, &now, &self.journal.shared().reserve)?;
         }
         let held = self.pages.held_in_use();
         crate::ensure_invariant!(
@@ -831,39 +734,6 @@ impl DeviceAllocator for CachalotAllocator {
             entry.lock().ledger.set_observer(observer.clone());
         }
         *current = observer;
-    }
-}
-
-/// While allowances are out and no stream has tripped one (the peaks are
-/// then settled, no journal pending): none overdrawn, and the streams'
-/// values with their allowances and the reserve add up to at most the peaks
-/// (`quota`).
-fn validate_quotas(
-    m: &Merged,
-    locked: &[SpinMutexGuard<'_, StreamState>],
-    now: &Levels,
-    reserve: &quota::Reserve,
-) -> std::result::Result<(), InvariantViolation> {
-    if !m.mode.quota || locked.iter().any(|st| st.ledger.tripped()) {
-        return Ok(());
-    }
-    let mut spendable = now.plus(&reserve.load());
-    for st in locked {
-        let Some(q) = st.ledger.quota() else {
-            continue;
-        };
-        crate::ensure_invariant!(
-            q.allowance().first_below(&Levels::default()).is_none(),
-            "{}: an allowance is overdrawn without a trip",
-            st.stream()
-        );
-        spendable = spendable.plus(q.allowance());
-    }
-    match m.peaks().first_below(&spendable) {
-        Some((family, pool)) => Err(InvariantViolation(format!(
-            "the streams' allowances reach past the device's peak (family {family}, pool {pool})"
-        ))),
-        None => Ok(()),
     }
 }
 

@@ -100,11 +100,6 @@ fn pool_of(size: u64) -> usize {
 }
 
 impl StreamState {
-    /// The stream these are the pools of.
-    pub(crate) fn stream(&self) -> StreamId {
-        self.stream
-    }
-
     /// An empty stream.
     pub(crate) fn new(
         stream: StreamId,
