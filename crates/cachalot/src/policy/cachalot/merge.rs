@@ -63,13 +63,17 @@ impl DeviceJournal {
         }
     }
 
-    /// Waits, the merge state locked, until every cut taken is settled.
+    /// Waits, the merge state locked, until every cut taken is settled
+    /// (waking the settler threads from their naps first).
     pub(crate) fn wait_idle<'a>(
         &self,
         mut guard: MutexGuard<'a, Option<Merged>>,
     ) -> MutexGuard<'a, Option<Merged>> {
         if let Some(m) = guard.as_mut() {
             m.own();
+            if !m.idle() {
+                self.settler.hurry();
+            }
         }
         self.state.wait_idle(guard)
     }

@@ -32,7 +32,8 @@
 //! time. So a settler thread that took a cut looks for the next one after
 //! short naps (a quarter of the time between its last two cuts, [`NAPS`]),
 //! [`POLL`] of them, before it waits on the queue again: while cuts come
-//! steadily, nobody wakes it. A reader may wait one nap longer.
+//! steadily, nobody wakes it. A reader that waits for cuts wakes the
+//! threads from their naps ([`Settler::hurry`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -170,7 +171,7 @@ impl Queue {
         for _ in 0..POLL {
             match queue.try_recv() {
                 Ok(cut) => return Some(cut),
-                Err(TryRecvError::Empty) => std::thread::sleep(nap),
+                Err(TryRecvError::Empty) => std::thread::park_timeout(nap),
                 Err(TryRecvError::Disconnected) => return None,
             }
         }
@@ -222,6 +223,14 @@ impl Settler {
             self.grow(queue, state);
         }
         state.settle(cut);
+    }
+
+    /// Wakes the settler threads from their naps (a reader waits for the
+    /// cuts they have not taken yet).
+    pub(crate) fn hurry(&self) {
+        for thread in self.threads().iter() {
+            thread.thread().unpark();
+        }
     }
 
     /// Settler threads started so far.
