@@ -38,6 +38,46 @@ impl Rng {
     }
 }
 
+/// Bytes allocated and requested by seeded traffic, now and at their
+/// peaks: the device's figures, where the traffic's operations happen one at
+/// a time.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    allocated: i64,
+    requested: i64,
+    peak_allocated: i64,
+    peak_requested: i64,
+}
+
+/// One step of seeded traffic: while fewer than `most` blocks are `live`
+/// (address, rounded size, size), an even chance of a new block (up to an
+/// eighth of [`Rng::size`], on the stream `stream` draws), else a live one
+/// freed; `usage` follows.
+fn random_step(
+    alloc: &CachalotAllocator,
+    rng: &mut Rng,
+    live: &mut Vec<(u64, i64, i64)>,
+    most: usize,
+    stream: impl FnOnce(&mut Rng) -> StreamId,
+    usage: &mut Usage,
+) {
+    if live.len() < most && rng.below(2) == 0 {
+        let size = rng.size() / 8 + 1;
+        let p = alloc.malloc(size, stream(rng)).expect("fits");
+        let rounded = size.div_ceil(512) as i64 * 512;
+        live.push((p, rounded, size as i64));
+        usage.allocated += rounded;
+        usage.requested += size as i64;
+        usage.peak_allocated = usage.peak_allocated.max(usage.allocated);
+        usage.peak_requested = usage.peak_requested.max(usage.requested);
+    } else if !live.is_empty() {
+        let (p, rounded, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+        alloc.free(p).unwrap();
+        usage.allocated -= rounded;
+        usage.requested -= size;
+    }
+}
+
 fn allocator(dev: &TestDevice, conf: &str) -> CachalotAllocator {
     CachalotAllocator::new(dev.backend(), AllocatorConfig::parse(conf).expect("valid"))
         .expect("allocator")
@@ -759,31 +799,26 @@ fn threads_taking_turns_of_random_length_peak_as_the_model_says() {
     let start = |t: u64| (Rng(0x7a11 + 977 * t), Vec::<(u64, i64, i64)>::new());
     let states = in_turns(3, 200, start, move |stream, (rng, live)| {
         let load = |i: usize| m[i].load(Ordering::Relaxed);
-        let (mut allocated, mut requested) = (load(0), load(1));
-        let (mut peak_allocated, mut peak_requested) = (load(2), load(3));
+        let mut usage = Usage {
+            allocated: load(0),
+            requested: load(1),
+            peak_allocated: load(2),
+            peak_requested: load(3),
+        };
         for _ in 0..1 + rng.below(60) {
-            if live.len() < 8 && rng.below(2) == 0 {
-                let size = rng.size() / 8 + 1;
-                let p = a.malloc(size, stream).unwrap();
-                let rounded = size.div_ceil(512) as i64 * 512;
-                live.push((p, rounded, size as i64));
-                allocated += rounded;
-                requested += size as i64;
-                peak_allocated = peak_allocated.max(allocated);
-                peak_requested = peak_requested.max(requested);
-            } else if !live.is_empty() {
-                let at = rng.below(live.len() as u64) as usize;
-                let (p, rounded, size) = live.swap_remove(at);
-                a.free(p).unwrap();
-                allocated -= rounded;
-                requested -= size;
-            }
+            random_step(&a, rng, live, 8, |_| stream, &mut usage);
         }
-        for (i, v) in [allocated, requested, peak_allocated, peak_requested]
-            .into_iter()
-            .enumerate()
+        let Usage {
+            allocated,
+            requested,
+            peak_allocated,
+            peak_requested,
+        } = usage;
+        for (cell, v) in m
+            .iter()
+            .zip([allocated, requested, peak_allocated, peak_requested])
         {
-            m[i].store(v, Ordering::Relaxed);
+            cell.store(v, Ordering::Relaxed);
         }
     });
     let stats = alloc.stats();
@@ -904,29 +939,15 @@ fn cuts_settled_apart_give_the_exact_peaks() {
     let alloc = allocator(&dev, "");
     let mut rng = Rng(0xc0ff_ee11);
     let mut live: Vec<(u64, i64, i64)> = Vec::new();
-    let (mut allocated, mut requested) = (0i64, 0i64);
-    let (mut peak_allocated, mut peak_requested) = (0i64, 0i64);
+    let mut usage = Usage::default();
     for _ in 0..60_000 {
-        if live.len() < 48 && rng.below(2) == 0 {
-            let size = rng.size() / 8 + 1;
-            let p = alloc.malloc(size, StreamId(rng.below(6))).expect("fits");
-            let rounded = size.div_ceil(512) as i64 * 512;
-            live.push((p, rounded, size as i64));
-            allocated += rounded;
-            requested += size as i64;
-            peak_allocated = peak_allocated.max(allocated);
-            peak_requested = peak_requested.max(requested);
-        } else if !live.is_empty() {
-            let (p, rounded, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
-            alloc.free(p).unwrap();
-            allocated -= rounded;
-            requested -= size;
-        }
+        let stream = |rng: &mut Rng| StreamId(rng.below(6));
+        random_step(&alloc, &mut rng, &mut live, 48, stream, &mut usage);
     }
     let stats = alloc.stats();
-    assert_eq!(stats.allocated_bytes.all.current, allocated);
-    assert_eq!(stats.allocated_bytes.all.peak, peak_allocated);
-    assert_eq!(stats.requested_bytes.all.peak, peak_requested);
+    assert_eq!(stats.allocated_bytes.all.current, usage.allocated);
+    assert_eq!(stats.allocated_bytes.all.peak, usage.peak_allocated);
+    assert_eq!(stats.requested_bytes.all.peak, usage.peak_requested);
     alloc.validate().unwrap();
     live.into_iter()
         .for_each(|(p, _, _)| alloc.free(p).unwrap());
