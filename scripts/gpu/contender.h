@@ -29,6 +29,10 @@ struct Contender {
   // Returns cached memory to the device and resets the peak, so that the next
   // pass starts cold.
   virtual void release() = 0;
+  // Called before each of its turns (and before its statistics are read):
+  // contenders that share one allocator with another (PyTorch's, with and
+  // without expandable segments) take it over here.
+  virtual void enter() {}
 };
 
 #ifdef CACHALOT_WITH_RMM

@@ -1,6 +1,7 @@
 // The native contenders of cachalot's GPU benchmark, as a PyTorch C++ extension:
-// PyTorch's caching allocator (raw_alloc_with_stream / raw_delete) and
-// cudaMallocAsync on the device's default pool with the release threshold at its
+// PyTorch's caching allocator (raw_alloc_with_stream / raw_delete), as
+// configured by default ("pytorch") and with expandable segments
+// ("pytorch:expandable"), and cudaMallocAsync on the device's default pool with the release threshold at its
 // maximum (a kept pool). Both replay the same op lists as cachalot's Rust bench
 // (scripts/trace-to-ops.py writes them) and run the same threaded pattern, timed
 // inside C++ with steady_clock over the whole sequence.
@@ -107,7 +108,38 @@ uint64_t peak_live(const std::vector<Op>& ops) {
   return peak;
 }
 
+// PyTorch's caching allocator is one per process, so "pytorch" and
+// "pytorch:expandable" share it: each sets expandable_segments its own way
+// when its turn begins, after emptying the cache the other left (segments of
+// the other kind would otherwise serve its requests). 0: not set by us yet.
+int native_mode = 0;
+
+void set_expandable(bool on) {
+  py::gil_scoped_acquire gil;
+  const char* setting = on ? "expandable_segments:True" : "expandable_segments:False";
+  // torch 2.9 on; torch.cuda.memory's older name warns that it is deprecated.
+  auto c = py::module_::import("torch._C");
+  if (py::hasattr(c, "_accelerator_setAllocatorSettings")) {
+    c.attr("_accelerator_setAllocatorSettings")(setting);
+    return;
+  }
+  auto memory = py::module_::import("torch.cuda.memory");
+  if (!py::hasattr(memory, "_set_allocator_settings"))
+    throw std::runtime_error("this torch cannot change its allocator's settings at run time: "
+                             "the pytorch:expandable contender cannot take part");
+  memory.attr("_set_allocator_settings")(setting);
+}
+
 struct Native : Contender {
+  bool expandable;
+  explicit Native(bool expandable) : expandable(expandable) { enter(); }
+  void enter() override {
+    int mode = expandable ? 2 : 1;
+    if (native_mode == mode) return;
+    release();
+    set_expandable(expandable);
+    native_mode = mode;
+  }
   void* alloc(size_t size, cudaStream_t stream) override {
     return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, stream);
   }
@@ -219,7 +251,8 @@ constexpr bool kWithRmm = false;
 // `peak_live`: the most requested bytes the caller will hold at once (only
 // rmm:arena, sized when it is made, uses it).
 std::unique_ptr<Contender> make(const std::string& name, uint64_t peak_live) {
-  if (name == "pytorch") return std::make_unique<Native>();
+  if (name == "pytorch") return std::make_unique<Native>(false);
+  if (name == "pytorch:expandable") return std::make_unique<Native>(true);
   if (name == "async") return std::make_unique<Async>();
   const std::string prefix = "cachalot:";
   if (name.rfind(prefix, 0) == 0 && !plugin_path.empty())
@@ -234,7 +267,7 @@ std::unique_ptr<Contender> make(const std::string& name, uint64_t peak_live) {
 #endif
   }
   throw std::runtime_error("unknown contender " + name +
-                           " (pytorch, async, cachalot:<policy> after set_plugin, rmm:pool, rmm:arena, rmm:async)");
+                           " (pytorch, pytorch:expandable, async, cachalot:<policy> after set_plugin, rmm:pool, rmm:arena, rmm:async)");
 }
 
 uint64_t device_free() {
@@ -365,6 +398,10 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
   // At most every slot of every thread holds the largest size.
   auto contender = make(name, uint64_t{kSlots} * threads * kSizes[sizeof(kSizes) / sizeof(kSizes[0]) - 1]);
   contender->release();
+  // The streams outlive the cache's last release: PyTorch's expandable
+  // segments synchronize their stream when they give pages back.
+  std::vector<cudaStream_t> streams(threads);
+  for (auto& s : streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   std::atomic<int> ready{0};
   std::atomic<bool> go{false};
   std::vector<uint64_t> ops(threads, 0);
@@ -373,8 +410,7 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       check(cudaSetDevice(0), "cudaSetDevice");
-      cudaStream_t stream;
-      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+      cudaStream_t stream = streams[t];
       std::vector<Slot> live(kSlots);
       run_pattern(*contender, stream, t + 1, steps, live);
       ready.fetch_add(1);
@@ -384,7 +420,6 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
       for (const Slot& s : live)
         if (s.ptr) contender->free(s.ptr, s.size, stream);
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      check(cudaStreamDestroy(stream), "stream destroy");
     });
   }
   while (ready.load() < threads) std::this_thread::yield();
@@ -393,6 +428,7 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
   for (auto& th : pool) th.join();
   auto stop = *std::max_element(ends.begin(), ends.end());
   contender->release();
+  for (auto s : streams) check(cudaStreamDestroy(s), "stream destroy");
   uint64_t total = 0;
   for (auto n : ops) total += n;
   return total / std::chrono::duration<double, std::micro>(stop - start).count();
@@ -405,7 +441,12 @@ double scaling(const std::string& name, int threads, uint64_t steps) {
 // again after the others' turns) and `timed` timed ones. Returns, per
 // contender, each round's first-pass ns per op, each turn's mean ns per op
 // over its timed passes, and, where the allocator counts them, its reserved
-// bytes after the first round's first pass and at peak.
+// bytes after the first round's first pass and the most it reported at the
+// end of any of its passes' groups (a cold round's pass, a turn).
+//
+// All of them hold their caches at once, except the two that share
+// PyTorch's allocator: each empties it when its turn begins (`enter`), so
+// each of their turns starts from an empty cache, which its untimed pass fills.
 //
 // A contender that throws (all of them hold their caches at once, so a late
 // one can find the device full, or RMM's arena too small) is released and
@@ -444,6 +485,11 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
   std::vector<std::pair<uint64_t, uint64_t>> reserved(n, {0, 0});
   std::vector<py::list> means(n);
   auto pass = [&](size_t c) { return replay_pass(*contenders[c], ops, streams, ptrs[c], stream_of); };
+  // Read after each of a contender's turns, while the allocator is still its
+  // own (PyTorch's is shared by two contenders).
+  auto note_peak = [&](size_t c) {
+    reserved[c].second = std::max(reserved[c].second, contenders[c]->reserved().second);
+  };
   for (int round = 0; round < cold; ++round) {
     // Every cache empty at each round's start, as before the first: a
     // contender sized by the free memory when it is made (RMM's arena) finds
@@ -459,8 +505,10 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
     for (size_t c = 0; c < n; ++c) {
       if (!failed[c].empty()) continue;
       try {
+        contenders[c]->enter();
         firsts[c].append(pass(c));
         if (round == 0) reserved[c].first = contenders[c]->reserved().first;
+        note_peak(c);
       } catch (const std::exception& e) {
         fail(c, e);
       }
@@ -470,10 +518,12 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
     for (size_t c = 0; c < n; ++c) {
       if (!failed[c].empty()) continue;
       try {
+        contenders[c]->enter();
         pass(c);
         double sum = 0;
         for (int t = 0; t < timed; ++t) sum += pass(c);
         means[c].append(sum / timed);
+        note_peak(c);
       } catch (const std::exception& e) {
         fail(c, e);
       }
@@ -482,7 +532,6 @@ py::dict turns(const std::string& path, const std::vector<std::string>& names, i
   for (size_t c = 0; c < n; ++c) {
     if (!failed[c].empty()) continue;
     try {
-      reserved[c].second = contenders[c]->reserved().second;
       contenders[c]->release();
     } catch (const std::exception& e) {
       fail(c, e);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs the native contenders of cachalot's GPU benchmark (PyTorch's caching
-allocator and cudaMallocAsync with a kept pool) over op lists, and writes JSON.
+allocator, as configured by default and with expandable_segments, and
+cudaMallocAsync with a kept pool) over op lists, and writes JSON.
 
 Usage: native_bench.py --ops DIR --out FILE.json [--so PREBUILT.so] [--build-dir DIR]
                        [--passes N] [--steps N] [--threads 1,2,4,8] [--repeats 3]
@@ -8,7 +9,8 @@ Usage: native_bench.py --ops DIR --out FILE.json [--so PREBUILT.so] [--build-dir
                        [--rmm DIR]
 
 With --plugin, each op list is also replayed in this one process by all the
-contenders in turn: PyTorch's allocator, cudaMallocAsync, cachalot's plug-in
+contenders in turn: PyTorch's allocator (pytorch, pytorch:expandable),
+cudaMallocAsync, cachalot's plug-in
 with the pytorch and with the cachalot policy (a private copy of the library
 each), and, where the extension was built with RMM, RMM's pool, arena and
 async resources (rmm:pool, rmm:arena, rmm:async). In --cold rounds each takes
@@ -119,7 +121,7 @@ def expected_bytes(path):
         return sum(int(line.split()[2]) for line in fh if line.startswith("a "))
 
 
-ONE_PROCESS = ["pytorch", "async", "cachalot:pytorch", "cachalot:cachalot"]
+ONE_PROCESS = ["pytorch", "pytorch:expandable", "async", "cachalot:pytorch", "cachalot:cachalot"]
 # Appended to ONE_PROCESS where the extension was built with RMM; the arena
 # before rmm:async, since it is sized by the memory free when it is made.
 RMM_CONTENDERS = ["rmm:pool", "rmm:arena", "rmm:async"]
@@ -186,7 +188,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--threads", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3, help="scaling runs per thread count (median)")
-    ap.add_argument("--contenders", default="pytorch,async")
+    ap.add_argument("--contenders", default="pytorch,pytorch:expandable,async")
     ap.add_argument("--plugin", help="libcachalot_torch.so, for the one-process replay")
     ap.add_argument("--turns", type=int, default=15)
     ap.add_argument("--timed", type=int, default=3, help="timed passes per turn")

@@ -22,6 +22,7 @@ import sys
 
 NAMES = {
     "pytorch": "PyTorch native",
+    "pytorch:expandable": "PyTorch expandable_segments",
     "async": "cudaMallocAsync (kept pool)",
     "cachalot:pytorch": "cachalot, pytorch policy",
     "cachalot:cachalot": "cachalot, cachalot policy",
@@ -109,6 +110,26 @@ def speed_table(one, memory):
         print(f"\nFAILED: {failure}")
 
 
+def lead_table(one):
+    """Per trace, the cachalot policy against PyTorch native and against the
+    fastest of the other allocators (cachalot's own pytorch policy left out),
+    from the one-process run."""
+    print("\nThe cachalot policy against its peers (from the table above):\n")
+    print("| trace | first pass / PyTorch native | steady / PyTorch native | fastest peer, steady ns/op "
+          "| cachalot policy, steady ns/op | lead |")
+    print("|---|---:|---:|---|---:|---:|")
+    for trace, by in sorted(one["traces"].items()):
+        ours = by.get("cachalot:cachalot", {})
+        peers = [(r["steady"], NAMES.get(k, k)) for k, r in by.items()
+                 if not k.startswith("cachalot:") and "steady" in r and "failed" not in r]
+        if "steady" not in ours or not peers:
+            continue
+        fastest, name = min(peers)
+        print(f"| {trace} | {num(ours.get('first_ratio_median'), '.2f')} | "
+              f"{num(ours.get('ratio_median'), '.3f')} | {name} {fastest:.0f} | {ours['steady']:.0f} | "
+              f"{fastest / ours['steady']:.1f}x |")
+
+
 def rust_table(memory):
     print("\ncachalot through its Rust API (CudaBackend), its own process, for reference:\n")
     print("| trace | allocator | ns/op first pass | ns/op steady (median of passes 2..) "
@@ -162,6 +183,7 @@ def main():
     memory = memory_rows(native, cachalot)
     if "one_process" in native:
         speed_table(native["one_process"], memory)
+        lead_table(native["one_process"])
     else:
         print("(no one-process run: native_bench.py ran without --plugin)")
     rust_table(memory)
