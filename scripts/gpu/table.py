@@ -110,14 +110,22 @@ def speed_table(one, memory):
         print(f"\nFAILED: {failure}")
 
 
-def lead_table(one):
+def waste(memory, trace, key, peak):
+    """Peak reserved over the op list's peak of requested bytes live."""
+    reserved = memory.get(trace, {}).get(key, {}).get("reserved_peak")
+    return f"{reserved / peak:.3f}" if reserved and peak else "-"
+
+
+def lead_table(one, memory):
     """Per trace, the cachalot policy against PyTorch native and against the
     fastest of the other allocators (cachalot's own pytorch policy left out),
-    from the one-process run."""
-    print("\nThe cachalot policy against its peers (from the table above):\n")
+    from the one-process run, and its waste beside expandable segments'."""
+    print("\nThe cachalot policy against its peers (from the table above; waste: peak reserved over the op "
+          "list's peak of requested bytes live):\n")
     print("| trace | first pass / PyTorch native | steady / PyTorch native | fastest peer, steady ns/op "
-          "| cachalot policy, steady ns/op | lead |")
-    print("|---|---:|---:|---|---:|---:|")
+          "| cachalot policy, steady ns/op | lead | waste, cachalot policy | waste, expandable_segments |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
+    peaks = one.get("peak_live", {})
     for trace, by in sorted(one["traces"].items()):
         ours = by.get("cachalot:cachalot", {})
         peers = [(r["steady"], NAMES.get(k, k)) for k, r in by.items()
@@ -127,7 +135,8 @@ def lead_table(one):
         fastest, name = min(peers)
         print(f"| {trace} | {num(ours.get('first_ratio_median'), '.2f')} | "
               f"{num(ours.get('ratio_median'), '.3f')} | {name} {fastest:.0f} | {ours['steady']:.0f} | "
-              f"{fastest / ours['steady']:.1f}x |")
+              f"{fastest / ours['steady']:.1f}x | {waste(memory, trace, 'cachalot:cachalot', peaks.get(trace))} | "
+              f"{waste(memory, trace, 'pytorch:expandable', peaks.get(trace))} |")
 
 
 def rust_table(memory):
@@ -183,7 +192,7 @@ def main():
     memory = memory_rows(native, cachalot)
     if "one_process" in native:
         speed_table(native["one_process"], memory)
-        lead_table(native["one_process"])
+        lead_table(native["one_process"], memory)
     else:
         print("(no one-process run: native_bench.py ran without --plugin)")
     rust_table(memory)
