@@ -11,11 +11,19 @@
 //!
 //! Out-of-memory during a replay is not fatal: the allocation is counted in
 //! [`ReplayReport::ooms`] and skipped (and so is its later free).
+//!
+//! [`replay_passes_on`] runs the plan several times on one allocator, as a
+//! training loop or a server repeats its work: each pass but the last frees
+//! what it left allocated, and [`ReplayReport::passes`] says what each pass
+//! cost in driver calls and held in reserved memory, so whether a workload
+//! settles (no driver call once its cache is warm) and what it then holds can
+//! be read off.
 
 pub mod plan;
 pub mod workload;
 
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -115,10 +123,26 @@ pub struct ReplayReport {
     /// flattened key names).
     #[serde(serialize_with = "stats_by_key")]
     pub final_stats: MemoryStats,
+    /// Each pass of the plan, in order (one for a plain replay).
+    pub passes: Vec<PassReport>,
     /// The first out-of-memory error, with its breakdown (print it with
     /// [`crate::report::oom::describe`]). Not part of the JSON output.
     #[serde(skip)]
     pub first_oom: Option<OomReport>,
+}
+
+/// What one pass of a replay cost and held. Field names are a stable
+/// interface (`cachalot replay --passes N --json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PassReport {
+    /// Costly driver memory calls made during the pass.
+    pub driver_calls: u64,
+    /// Reserved bytes at the pass's end (before what it left allocated is
+    /// freed).
+    pub reserved_bytes: u64,
+    /// The most bytes reserved at once from the replay's start to the pass's
+    /// end.
+    pub peak_reserved_bytes: u64,
 }
 
 impl ReplayReport {
@@ -129,6 +153,17 @@ impl ReplayReport {
             return 0.0;
         }
         self.peak_reserved_bytes as f64 / self.peak_requested_bytes as f64
+    }
+
+    /// The first pass from which no pass made a driver call (0-based): the
+    /// workload has settled there. `None` when the last pass still made one.
+    pub fn settled_at(&self) -> Option<usize> {
+        let calling = self.passes.iter().rposition(|p| p.driver_calls > 0);
+        match calling {
+            None => Some(0),
+            Some(last) if last + 1 < self.passes.len() => Some(last + 1),
+            Some(_) => None,
+        }
     }
 }
 
@@ -178,7 +213,7 @@ impl Observer for SegmentLog {
     }
 }
 
-/// Counts of the calls [`run_observed`] made.
+/// Counts of the calls a replay made.
 #[derive(Default)]
 struct Tally {
     allocs: u64,
@@ -228,8 +263,32 @@ pub fn replay_on(
     observer: Option<Arc<dyn Observer>>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Replayed, ReplayError> {
+    replay_passes_on(plan, config, device, NonZeroUsize::MIN, observer, progress)
+}
+
+/// [`replay_on`], the plan run `passes` times in a row on the one allocator
+/// (see the module docs). Each pass but the last frees what it left
+/// allocated; the report's totals and peaks cover every pass, and `progress`
+/// counts the ops of all of them.
+///
+/// # Errors
+/// As [`replay_on`].
+pub fn replay_passes_on(
+    plan: &Plan,
+    config: AllocatorConfig,
+    device: Device,
+    passes: NonZeroUsize,
+    observer: Option<Arc<dyn Observer>>,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Replayed, ReplayError> {
     let (counting, allocator) = open(plan, config, device)?;
-    let report = run_observed(plan, allocator.as_ref(), &counting, progress, observer)?;
+    let run = Run {
+        plan,
+        allocator: allocator.as_ref(),
+        counting: &counting,
+        passes: passes.get(),
+    };
+    let report = run.observed(progress, observer)?;
     Ok(Replayed { report, allocator })
 }
 
@@ -268,57 +327,135 @@ fn open(
     Ok((counting, allocator))
 }
 
-/// Replays `plan` through `allocator`, which draws from `counting`.
-fn run_observed(
-    plan: &Plan,
-    allocator: &dyn DeviceAllocator,
-    counting: &Counted,
-    progress: &mut dyn FnMut(usize),
-    observer: Option<Arc<dyn Observer>>,
-) -> Result<ReplayReport, ReplayError> {
-    let restamp = observer.is_some() && plan.times_us.len() == plan.ops.len();
-    let log = Arc::new(SegmentLog {
-        sizes: Mutex::default(),
-        also: observer,
-        clock: restamp.then(AtomicU64::default),
-    });
-    allocator.set_observer(Some(log.clone()));
-    let start = Instant::now();
-    let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
-    let result = drive(plan, allocator, progress, false, clock);
-    let elapsed = start.elapsed();
-    allocator.set_observer(None);
-    let tally = result?;
+/// A replay under way: `passes` passes of `plan` through `allocator`, which
+/// draws from `counting`.
+struct Run<'a> {
+    plan: &'a Plan,
+    allocator: &'a dyn DeviceAllocator,
+    counting: &'a Counted,
+    passes: usize,
+}
 
-    let stats = allocator.stats();
-    let counters = counting.counts();
-    let segment_sizes = std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
-    let peak = |stat: &Stat| u64::try_from(stat.peak).unwrap_or(0);
-    Ok(ReplayReport {
-        policy: allocator.policy().name().to_string(),
-        conf: allocator.config().source.clone(),
-        device: counting.capabilities().name.clone(),
-        capacity: counting.capabilities().total_memory,
-        events: plan.events as u64,
-        allocs: tally.allocs,
-        frees: tally.frees,
-        empty_caches: tally.empty_caches,
-        peak_requested_bytes: peak(&stats.requested_bytes.all),
-        peak_allocated_bytes: peak(&stats.allocated_bytes.all),
-        peak_reserved_bytes: peak(&stats.reserved_bytes.all),
-        segment_allocs: segment_sizes.len() as u64,
-        segment_sizes,
-        device_calls: counters
-            .calls
-            .iter()
-            .map(|(k, n)| (k.name().to_string(), *n))
-            .collect(),
-        driver_calls: counters.memory_calls(),
-        ooms: tally.ooms,
-        ns_per_event: elapsed.as_nanos() as f64 / plan.events.max(1) as f64,
-        final_stats: stats,
-        first_oom: tally.first_oom,
-    })
+impl Run<'_> {
+    /// Replays the passes, every event shown to `observer`; the report.
+    fn observed(
+        &self,
+        progress: &mut dyn FnMut(usize),
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Result<ReplayReport, ReplayError> {
+        let plan = self.plan;
+        let restamp = observer.is_some() && plan.times_us.len() == plan.ops.len();
+        let log = Arc::new(SegmentLog {
+            sizes: Mutex::default(),
+            also: observer,
+            clock: restamp.then(AtomicU64::default),
+        });
+        self.allocator.set_observer(Some(log.clone()));
+        let start = Instant::now();
+        let result = self.all_passes(progress, &log);
+        let elapsed = start.elapsed();
+        self.allocator.set_observer(None);
+        let (tally, passes) = result?;
+        let segment_sizes =
+            std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(self.report(tally, passes, segment_sizes, elapsed))
+    }
+
+    /// Every pass, each but the last followed by freeing what it left
+    /// allocated; the calls made and each pass's figures.
+    fn all_passes(
+        &self,
+        progress: &mut dyn FnMut(usize),
+        log: &SegmentLog,
+    ) -> Result<(Tally, Vec<PassReport>), ReplayError> {
+        let (plan, allocator) = (self.plan, self.allocator);
+        let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
+        let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
+        let mut tally = Tally::default();
+        let mut passes = Vec::with_capacity(self.passes);
+        for pass in 0..self.passes {
+            let calls_before = self.counting.counts().memory_calls();
+            let done = pass * plan.ops.len();
+            let mut offset = |i: usize| progress(done + i);
+            drive(
+                plan,
+                allocator,
+                &mut ptrs,
+                &mut tally,
+                &mut offset,
+                false,
+                clock,
+            )?;
+            let stats = allocator.stats();
+            passes.push(PassReport {
+                driver_calls: self.counting.counts().memory_calls() - calls_before,
+                reserved_bytes: u64::try_from(stats.reserved_bytes.all.current).unwrap_or(0),
+                peak_reserved_bytes: u64::try_from(stats.reserved_bytes.all.peak).unwrap_or(0),
+            });
+            if pass + 1 < self.passes {
+                free_leftovers(allocator, &mut ptrs, &mut tally, plan.ops.len())?;
+            }
+        }
+        Ok((tally, passes))
+    }
+
+    /// The report of a finished replay.
+    fn report(
+        &self,
+        tally: Tally,
+        passes: Vec<PassReport>,
+        segment_sizes: Vec<u64>,
+        elapsed: std::time::Duration,
+    ) -> ReplayReport {
+        let (allocator, counting) = (self.allocator, self.counting);
+        let stats = allocator.stats();
+        let counters = counting.counts();
+        let peak = |stat: &Stat| u64::try_from(stat.peak).unwrap_or(0);
+        let events = self.plan.events * self.passes;
+        ReplayReport {
+            policy: allocator.policy().name().to_string(),
+            conf: allocator.config().source.clone(),
+            device: counting.capabilities().name.clone(),
+            capacity: counting.capabilities().total_memory,
+            events: self.plan.events as u64,
+            allocs: tally.allocs,
+            frees: tally.frees,
+            empty_caches: tally.empty_caches,
+            peak_requested_bytes: peak(&stats.requested_bytes.all),
+            peak_allocated_bytes: peak(&stats.allocated_bytes.all),
+            peak_reserved_bytes: peak(&stats.reserved_bytes.all),
+            segment_allocs: segment_sizes.len() as u64,
+            segment_sizes,
+            device_calls: counters
+                .calls
+                .iter()
+                .map(|(k, n)| (k.name().to_string(), *n))
+                .collect(),
+            driver_calls: counters.memory_calls(),
+            ooms: tally.ooms,
+            ns_per_event: elapsed.as_nanos() as f64 / events.max(1) as f64,
+            final_stats: stats,
+            passes,
+            first_oom: tally.first_oom,
+        }
+    }
+}
+
+/// Frees every slot still allocated (what a pass left live), counting the
+/// frees; errors name op `at` (the pass's end).
+fn free_leftovers(
+    allocator: &dyn DeviceAllocator,
+    ptrs: &mut [DevicePtr],
+    tally: &mut Tally,
+    at: usize,
+) -> Result<(), ReplayError> {
+    for ptr in ptrs.iter_mut().filter(|p| **p != 0) {
+        allocator
+            .free(std::mem::take(ptr))
+            .map_err(|source| ReplayError::Allocator { op: at, source })?;
+        tally.frees += 1;
+    }
+    Ok(())
 }
 
 /// Whether `plan` replays under `config` on a simulated device of `capacity`
@@ -329,23 +466,33 @@ fn run_observed(
 /// As [`replay`].
 pub fn fits(plan: &Plan, config: AllocatorConfig, capacity: u64) -> Result<bool, ReplayError> {
     let (_, allocator) = open(plan, config, Device::Simulated { capacity })?;
-    Ok(drive(plan, allocator.as_ref(), &mut |_| {}, true, None)?.ooms == 0)
+    let (mut ptrs, mut tally) = (vec![0; plan.slots], Tally::default());
+    drive(
+        plan,
+        allocator.as_ref(),
+        &mut ptrs,
+        &mut tally,
+        &mut |_| {},
+        true,
+        None,
+    )?;
+    Ok(tally.ooms == 0)
 }
 
-/// The replay loop; with `stop_at_oom`, it ends at the first allocation that
-/// runs out of memory; with a `clock`, it sets it to each op's recorded time
-/// before the op.
+/// One pass of the replay loop, counting into `tally`; `ptrs` holds each
+/// slot's pointer (0 for a slot not allocated, or skipped after an OOM,
+/// whose free is then a no-op, as freeing the null address is). With
+/// `stop_at_oom`, it ends at the first allocation that runs out of memory;
+/// with a `clock`, it sets it to each op's recorded time before the op.
 fn drive(
     plan: &Plan,
     allocator: &dyn DeviceAllocator,
+    ptrs: &mut [DevicePtr],
+    tally: &mut Tally,
     progress: &mut dyn FnMut(usize),
     stop_at_oom: bool,
     clock: Option<(&AtomicU64, &[u64])>,
-) -> Result<Tally, ReplayError> {
-    // Each slot's pointer; 0 for a slot not allocated (or skipped after an OOM),
-    // whose free is then a no-op, as freeing the null address is.
-    let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
-    let mut tally = Tally::default();
+) -> Result<(), ReplayError> {
     for (i, op) in plan.ops.iter().enumerate() {
         if i % PROGRESS_EVERY == 0 && i > 0 {
             progress(i);
@@ -374,7 +521,7 @@ fn drive(
                             tally.first_oom = Some(report.with_breakdown(breakdown));
                         }
                         if stop_at_oom {
-                            return Ok(tally);
+                            return Ok(());
                         }
                     }
                     Err(e) => return Err(fail(e)),
@@ -407,7 +554,7 @@ fn drive(
         }
     }
     progress(plan.ops.len());
-    Ok(tally)
+    Ok(())
 }
 
 /// Hand-built plans for the tests of the replay and of what builds on it.
@@ -443,6 +590,60 @@ mod tests {
     use crate::PolicyKind;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn passes_free_their_leftovers_and_settle() {
+        // Slot 1 stays allocated at the end of the plan, as a recording's
+        // parameters do.
+        let ops = vec![alloc(0, 64 * MIB), alloc(1, 8 * MIB), Op::Free { slot: 0 }];
+        let plan = plan_of(ops, 2);
+        for policy in [PolicyKind::Pytorch, PolicyKind::Cachalot] {
+            let config = AllocatorConfig {
+                policy,
+                ..AllocatorConfig::default()
+            };
+            let device = Device::Simulated { capacity: 1 << 30 };
+            let passes = NonZeroUsize::new(3).unwrap();
+            let replayed = replay_passes_on(&plan, config, device, passes, None, &mut |_| {})
+                .expect("replays");
+            let r = &replayed.report;
+            assert_eq!(
+                (r.allocs, r.frees),
+                (6, 5),
+                "{policy:?}: the last pass keeps slot 1"
+            );
+            assert_eq!(
+                replayed.allocator.stats().allocated_bytes.all.current,
+                8 << 20
+            );
+            assert_eq!(r.passes.len(), 3);
+            assert!(r.passes[0].driver_calls > 0, "{policy:?}: {:?}", r.passes);
+            assert_eq!(r.settled_at(), Some(1), "{policy:?}: {:?}", r.passes);
+            let total: u64 = r.passes.iter().map(|p| p.driver_calls).sum();
+            assert_eq!(total, r.driver_calls);
+            let last = r.passes.last().unwrap();
+            assert_eq!(last.peak_reserved_bytes, r.peak_reserved_bytes);
+            replayed.allocator.validate().expect("invariants hold");
+        }
+    }
+
+    #[test]
+    fn settled_at_is_the_first_pass_of_the_quiet_tail() {
+        let with = |calls: &[u64]| ReplayReport {
+            passes: calls
+                .iter()
+                .map(|&driver_calls| PassReport {
+                    driver_calls,
+                    ..PassReport::default()
+                })
+                .collect(),
+            ..ReplayReport::default()
+        };
+        assert_eq!(with(&[0, 0]).settled_at(), Some(0));
+        assert_eq!(with(&[5, 0, 3, 0, 0]).settled_at(), Some(3));
+        assert_eq!(with(&[5, 0, 3]).settled_at(), None);
+        assert_eq!(with(&[]).settled_at(), Some(0));
+    }
 
     #[test]
     fn out_of_memory_skips_the_allocation_and_its_free() {
