@@ -1,7 +1,9 @@
-//! `cachalot compare TRACE...`: each recording replayed under PyTorch's native
-//! allocator, PyTorch with expandable segments, and the cachalot policy, side by
-//! side.
+//! `cachalot compare TRACE... [--passes N]`: each recording replayed under
+//! PyTorch's native allocator, PyTorch with expandable segments, and the
+//! cachalot policy, side by side; with `--passes`, pass after pass (as
+//! `cachalot replay --passes` does), with the pass each one settled from.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,7 +14,7 @@ use serde::Serialize;
 
 use crate::input::load;
 use crate::output::{Output, OutputError};
-use crate::replay::replay_one;
+use crate::replay::{parse_passes, replay_passes};
 use crate::{report_error, CliError};
 
 /// The configurations compared: a label and a configuration string.
@@ -38,6 +40,10 @@ pub(crate) struct Args {
     /// Of snapshots of several devices, the device to replay.
     #[arg(long, value_name = "N")]
     snapshot_device: Option<usize>,
+    /// Run each recording this many times in a row on one allocator (1 to
+    /// 10000), as `cachalot replay --passes` does.
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_passes)]
+    passes: NonZeroUsize,
 }
 
 /// One row: a recording under one configuration.
@@ -83,7 +89,8 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
             let result = AllocatorConfig::parse(conf)
                 .map_err(Into::into)
                 .and_then(|config| {
-                    replay_one(&loaded, config, Device::Simulated { capacity }, label)
+                    let device = Device::Simulated { capacity };
+                    replay_passes(&loaded, config, device, args.passes, label)
                 });
             let result = match result {
                 Ok(r) => Outcome::Replayed(Box::new(r)),
@@ -101,7 +108,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     if args.json {
         out.json(&rows)?;
     } else {
-        print_table(out, &rows)?;
+        print_table(out, &rows, args.passes.get() > 1)?;
     }
     Ok(if ok {
         ExitCode::SUCCESS
@@ -110,8 +117,10 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     })
 }
 
-fn print_table(out: &mut Output, rows: &[Row]) -> Result<(), OutputError> {
-    let header = [
+/// The table; with `passes`, a last column says from which pass each replay
+/// made no driver call.
+fn print_table(out: &mut Output, rows: &[Row], passes: bool) -> Result<(), OutputError> {
+    let mut header = vec![
         "trace",
         "config",
         "peak requested",
@@ -121,19 +130,30 @@ fn print_table(out: &mut Output, rows: &[Row]) -> Result<(), OutputError> {
         "driver calls",
         "ooms",
     ];
+    if passes {
+        header.push("settled from pass");
+    }
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
         let mut line = vec![row.trace.clone(), row.config.clone()];
         match &row.result {
-            Outcome::Replayed(r) => line.extend([
-                format_size(r.peak_requested_bytes),
-                format_size(r.peak_reserved_bytes),
-                format!("{:.4}", r.fragmentation()),
-                r.segment_allocs.to_string(),
-                r.driver_calls.to_string(),
-                r.ooms.to_string(),
-            ]),
+            Outcome::Replayed(r) => {
+                line.extend([
+                    format_size(r.peak_requested_bytes),
+                    format_size(r.peak_reserved_bytes),
+                    format!("{:.4}", r.fragmentation()),
+                    r.segment_allocs.to_string(),
+                    r.driver_calls.to_string(),
+                    r.ooms.to_string(),
+                ]);
+                if passes {
+                    line.push(
+                        r.settled_at()
+                            .map_or("never".into(), |k| (k + 1).to_string()),
+                    );
+                }
+            }
             Outcome::Failed { error } => errors.push((cells.len(), format!("n/a: {error}"))),
         }
         cells.push(line);

@@ -55,7 +55,8 @@ pub(crate) struct Args {
 /// The most passes `--passes` accepts.
 const MAX_PASSES: usize = 10_000;
 
-fn parse_passes(text: &str) -> Result<NonZeroUsize, String> {
+/// `--passes`: a count from 1 to [`MAX_PASSES`].
+pub(crate) fn parse_passes(text: &str) -> Result<NonZeroUsize, String> {
     text.parse::<usize>()
         .ok()
         .and_then(NonZeroUsize::new)
@@ -63,18 +64,9 @@ fn parse_passes(text: &str) -> Result<NonZeroUsize, String> {
         .ok_or_else(|| format!("'{text}' is not a number of passes from 1 to {MAX_PASSES}"))
 }
 
-/// Replays `loaded` under `config` on `device`, with a progress bar.
-pub(crate) fn replay_one(
-    loaded: &Loaded,
-    config: AllocatorConfig,
-    device: Device,
-    label: &str,
-) -> Result<ReplayReport, InputError> {
-    replay_passes(loaded, config, device, NonZeroUsize::MIN, label)
-}
-
-/// [`replay_one`], the recording run `passes` times in a row.
-fn replay_passes(
+/// Replays `loaded` under `config` on `device` `passes` times in a row, with
+/// a progress bar.
+pub(crate) fn replay_passes(
     loaded: &Loaded,
     config: AllocatorConfig,
     device: Device,

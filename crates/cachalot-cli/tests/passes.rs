@@ -96,3 +96,21 @@ fn a_count_of_passes_out_of_range_is_refused() {
         assert!(err.contains("from 1 to 10000"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn compare_says_from_which_pass_each_configuration_settled() {
+    let trace = trace("bert_dynamic");
+    let out = succeeds(&["compare", &trace, "--passes", "6"]);
+    let settled: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().last().expect("a cell"))
+        .collect();
+    // PyTorch's two settings from the second pass, the cachalot policy from
+    // the fourth (its stream churns, then its budget holds every layout).
+    assert_eq!(settled, ["2", "2", "4"], "{out}");
+    assert!(
+        out.lines().next().unwrap().ends_with("settled from pass"),
+        "{out}"
+    );
+}
