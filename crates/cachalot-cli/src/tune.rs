@@ -1,9 +1,12 @@
 //! `cachalot tune RECORDING [--capacity SIZE] [--objective reserved|calls]
-//! [--space KEY=V1,V2,...] [--json]`: replays a recording under many allocator
-//! settings, ranks them, says the smallest device the leaders need, and ends
-//! with the line to paste (`PYTORCH_CUDA_ALLOC_CONF=...`, or
-//! `CACHALOT_ALLOC_CONF=...` when cachalot's own policy wins).
+//! [--space KEY=V1,V2,...] [--passes N] [--json]`: replays a recording under
+//! many allocator settings, ranks them, says the smallest device the leaders
+//! need, and ends with the line to paste (`PYTORCH_CUDA_ALLOC_CONF=...`, or
+//! `CACHALOT_ALLOC_CONF=...` when cachalot's own policy wins). With
+//! `--passes`, each setting runs the recording pass after pass, so the ranking
+//! is by what a repeated workload (a training loop, a server) holds and calls.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,6 +17,7 @@ use serde::Serialize;
 
 use crate::input::{load, InputError};
 use crate::output::{Output, OutputError};
+use crate::replay::parse_passes;
 use crate::{capacity, progress, CliError};
 
 /// Arguments of `cachalot tune`.
@@ -45,6 +49,11 @@ pub(crate) struct Args {
     /// Of a snapshot of several devices, the device to tune for.
     #[arg(long, value_name = "N")]
     snapshot_device: Option<usize>,
+    /// Run the recording this many times in a row under each setting (1 to
+    /// 10000), as `cachalot replay --passes` does: rank by what a repeated
+    /// workload holds and calls.
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_passes)]
+    passes: NonZeroUsize,
 }
 
 /// What `--json` prints.
@@ -130,6 +139,7 @@ fn search(args: &Args) -> Result<(Ranking, Vec<Fit>), InputError> {
         &loaded.plan,
         candidates,
         capacity,
+        args.passes,
         args.objective,
         &|done| bar.set_position(done as u64),
     );
@@ -153,8 +163,12 @@ fn print_report(out: &mut Output, report: &Report, top: usize) -> Result<(), Out
         Objective::Reserved => "peak reserved, then driver calls",
         Objective::Calls => "driver calls, then peak reserved",
     };
+    let passes = match r.passes.get() {
+        1 => String::new(),
+        n => format!(", {n} passes each"),
+    };
     out.line(format_args!(
-        "{}: {} configurations replayed on a {} device (live peak {}), ranked by {by}",
+        "{}: {} configurations replayed on a {} device{passes} (live peak {}), ranked by {by}",
         report.recording,
         r.candidates.len(),
         format_size(r.capacity),

@@ -458,25 +458,40 @@ fn free_leftovers(
     Ok(())
 }
 
-/// Whether `plan` replays under `config` on a simulated device of `capacity`
-/// bytes without running out of memory; stops at the first allocation that
-/// does not fit.
+/// Whether `plan`, run `passes` times in a row (as [`replay_passes_on`] runs
+/// it), replays under `config` on a simulated device of `capacity` bytes
+/// without running out of memory; stops at the first allocation that does
+/// not fit.
 ///
 /// # Errors
 /// As [`replay`].
-pub fn fits(plan: &Plan, config: AllocatorConfig, capacity: u64) -> Result<bool, ReplayError> {
+pub fn fits(
+    plan: &Plan,
+    config: AllocatorConfig,
+    capacity: u64,
+    passes: NonZeroUsize,
+) -> Result<bool, ReplayError> {
     let (_, allocator) = open(plan, config, Device::Simulated { capacity })?;
     let (mut ptrs, mut tally) = (vec![0; plan.slots], Tally::default());
-    drive(
-        plan,
-        allocator.as_ref(),
-        &mut ptrs,
-        &mut tally,
-        &mut |_| {},
-        true,
-        None,
-    )?;
-    Ok(tally.ooms == 0)
+    let allocator = allocator.as_ref();
+    for pass in 0..passes.get() {
+        if pass > 0 {
+            free_leftovers(allocator, &mut ptrs, &mut tally, plan.ops.len())?;
+        }
+        drive(
+            plan,
+            allocator,
+            &mut ptrs,
+            &mut tally,
+            &mut |_| {},
+            true,
+            None,
+        )?;
+        if tally.ooms > 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// One pass of the replay loop, counting into `tally`; `ptrs` holds each

@@ -3,6 +3,8 @@
 //! in whole pages, each step a replay that stops at the first allocation that
 //! does not fit.
 
+use std::num::NonZeroUsize;
+
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -24,7 +26,7 @@ pub struct Fit {
 
 /// "Will it fit?" for the `count` best of `ranking`'s leaders (one candidate
 /// per outcome) and for the default configuration, on all cores, in ranking
-/// order.
+/// order, each replayed for as many passes as the search was.
 ///
 /// # Errors
 /// A replay that failed other than by running out of memory.
@@ -49,6 +51,7 @@ pub fn fit_leaders(plan: &Plan, ranking: &Ranking, count: usize) -> Result<Vec<F
             let least = smallest_capacity(
                 plan,
                 &config,
+                ranking.passes,
                 ranking.live_peak_bytes,
                 most,
                 candidate.peak_reserved_bytes,
@@ -61,8 +64,9 @@ pub fn fit_leaders(plan: &Plan, ranking: &Ranking, count: usize) -> Result<Vec<F
         .collect()
 }
 
-/// The smallest capacity (a multiple of the simulated page) on which `plan`
-/// replays under `config` without running out of memory, searched between the
+/// The smallest capacity (a multiple of the simulated page) on which `plan`,
+/// run `passes` times in a row, replays under `config` without running out
+/// of memory, searched between the
 /// recording's `live_peak` (below it nothing fits) and `most`; `None` when it
 /// does not fit even there. `hint` (its peak reserved bytes on a device where
 /// it fitted, say) is tried first to narrow the search.
@@ -75,12 +79,13 @@ pub fn fit_leaders(plan: &Plan, ranking: &Ranking, count: usize) -> Result<Vec<F
 pub fn smallest_capacity(
     plan: &Plan,
     config: &AllocatorConfig,
+    passes: NonZeroUsize,
     live_peak: u64,
     most: u64,
     hint: u64,
 ) -> Result<Option<u64>, ReplayError> {
     let page = SIM_GRANULARITY;
-    let fits = |pages: u64| replay::fits(plan, config.clone(), pages * page);
+    let fits = |pages: u64| replay::fits(plan, config.clone(), pages * page, passes);
     let mut low = (live_peak / page).max(1); // in pages
     let mut high = (most / page).max(low);
     let hinted = hint.div_ceil(page).clamp(low, high);
@@ -111,6 +116,7 @@ mod tests {
     use crate::replay::Op;
 
     const MIB: u64 = 1 << 20;
+    const ONE: NonZeroUsize = NonZeroUsize::MIN;
 
     #[test]
     fn the_smallest_capacity_fits_and_one_page_less_does_not() {
@@ -128,22 +134,22 @@ mod tests {
         let plan = plan_of(ops, 3);
         for conf in ["", "expandable_segments:True", "policy:cachalot"] {
             let config = AllocatorConfig::parse(conf).unwrap();
-            let least = smallest_capacity(&plan, &config, 120 * MIB, 1024 * MIB, 150 * MIB)
+            let least = smallest_capacity(&plan, &config, ONE, 120 * MIB, 1024 * MIB, 150 * MIB)
                 .unwrap()
                 .unwrap();
             assert!(
-                replay::fits(&plan, config.clone(), least).unwrap(),
+                replay::fits(&plan, config.clone(), least, ONE).unwrap(),
                 "{conf}"
             );
             assert!(
-                !replay::fits(&plan, config, least - SIM_GRANULARITY).unwrap(),
+                !replay::fits(&plan, config, least - SIM_GRANULARITY, ONE).unwrap(),
                 "{conf}"
             );
             assert!(least >= 120 * MIB, "{conf}: {least}");
         }
         let tight = AllocatorConfig::default();
         assert_eq!(
-            smallest_capacity(&plan, &tight, 10 * MIB, 64 * MIB, 0).unwrap(),
+            smallest_capacity(&plan, &tight, ONE, 10 * MIB, 64 * MIB, 0).unwrap(),
             None
         );
     }

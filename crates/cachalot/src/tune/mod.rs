@@ -6,11 +6,16 @@
 //!
 //! * **live peak**: the most requested bytes a recording keeps live at once; no
 //!   device smaller than it can run the recording, whatever the settings.
+//! * **passes**: how many times in a row each candidate runs the recording
+//!   (as a training loop or a server repeats its work, [`replay::replay_passes_on`]);
+//!   its figures cover every pass, so a setting whose memory grows after the
+//!   first pass ranks by what it then holds.
 //! * **waste**: peak reserved bytes less the live peak.
 
 mod fit;
 mod space;
 
+use std::num::NonZeroUsize;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -149,6 +154,8 @@ impl Candidate {
 pub struct Ranking {
     /// The device's capacity in bytes.
     pub capacity: u64,
+    /// How many times in a row each candidate ran the recording.
+    pub passes: NonZeroUsize,
     /// What was minimised.
     pub objective: Objective,
     /// The recording's live peak in bytes.
@@ -213,9 +220,9 @@ pub fn live_peak(plan: &Plan) -> u64 {
     peak
 }
 
-/// Replays every candidate (from [`Space::candidates`]) on a device of `capacity` bytes, on all
-/// cores, and ranks them by `objective`. `progress` is called with the number of
-/// candidates done, after each.
+/// Replays every candidate (from [`Space::candidates`]) on a device of `capacity` bytes,
+/// `passes` times in a row each, on all cores, and ranks them by `objective`.
+/// `progress` is called with the number of candidates done, after each.
 ///
 /// # Errors
 /// [`TuneError::NoAllocations`], [`TuneError::LiveAboveCapacity`] or a
@@ -224,6 +231,7 @@ pub fn search(
     plan: &Plan,
     candidates: Vec<AllocatorConfig>,
     capacity: u64,
+    passes: NonZeroUsize,
     objective: Objective,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Ranking, TuneError> {
@@ -238,7 +246,7 @@ pub fn search(
     let mut candidates = candidates
         .into_par_iter()
         .map(|config| {
-            let candidate = replay_candidate(plan, config, capacity, live);
+            let candidate = replay_candidate(plan, config, capacity, passes, live);
             progress(done.fetch_add(1, Ordering::Relaxed) + 1);
             candidate
         })
@@ -246,6 +254,7 @@ pub fn search(
     candidates.sort_by(|a, b| a.rank_key(objective).cmp(&b.rank_key(objective)));
     Ok(Ranking {
         capacity,
+        passes,
         objective,
         live_peak_bytes: live,
         candidates,
@@ -256,10 +265,13 @@ fn replay_candidate(
     plan: &Plan,
     config: AllocatorConfig,
     capacity: u64,
+    passes: NonZeroUsize,
     live: u64,
 ) -> Result<Candidate, TuneError> {
     let conf = config.source.clone();
-    let report = replay::replay(plan, config, capacity, &mut |_| {})?;
+    let device = replay::Device::Simulated { capacity };
+    let replayed = replay::replay_passes_on(plan, config, device, passes, None, &mut |_| {})?;
+    let report = replayed.report;
     Ok(Candidate {
         conf,
         policy: report.policy,
@@ -277,6 +289,7 @@ mod tests {
     use crate::replay::testing::{alloc, plan_of};
 
     const MIB: u64 = 1 << 20;
+    const ONE: NonZeroUsize = NonZeroUsize::MIN;
 
     /// Large blocks of changing sizes: PyTorch's default splits and caches
     /// them; a split limit or expandable segments waste less.
@@ -323,6 +336,7 @@ mod tests {
             &plan,
             candidates.clone(),
             4096 * MIB,
+            ONE,
             Objective::Reserved,
             &|_| {},
         )
@@ -344,7 +358,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(again.peak_reserved_bytes, best.peak_reserved_bytes);
-        let calls = search(&plan, candidates, 4096 * MIB, Objective::Calls, &|_| {}).unwrap();
+        let calls = search(
+            &plan,
+            candidates,
+            4096 * MIB,
+            ONE,
+            Objective::Calls,
+            &|_| {},
+        )
+        .unwrap();
         let first = &calls.candidates[0];
         assert!(calls
             .candidates
@@ -353,15 +375,58 @@ mod tests {
     }
 
     #[test]
+    fn a_search_over_passes_ranks_by_every_pass() {
+        let plan = churn();
+        let candidates = Space::from_specs(&["expandable_segments=default,True".to_string()])
+            .unwrap()
+            .candidates()
+            .unwrap();
+        let twice = NonZeroUsize::new(2).unwrap();
+        let ranking = search(
+            &plan,
+            candidates,
+            4096 * MIB,
+            twice,
+            Objective::Reserved,
+            &|_| {},
+        )
+        .unwrap();
+        assert_eq!(ranking.passes, twice);
+        for c in &ranking.candidates {
+            let config = AllocatorConfig::parse(&c.conf).unwrap();
+            let device = replay::Device::Simulated {
+                capacity: 4096 * MIB,
+            };
+            let again = replay::replay_passes_on(&plan, config, device, twice, None, &mut |_| {})
+                .unwrap()
+                .report;
+            assert_eq!(again.passes.len(), 2);
+            assert_eq!(
+                (c.peak_reserved_bytes, c.driver_calls),
+                (again.peak_reserved_bytes, again.driver_calls),
+                "{}",
+                c.conf
+            );
+        }
+    }
+
+    #[test]
     fn what_cannot_be_tuned_is_refused() {
         let empty = plan_of(vec![Op::EmptyCache], 0);
         let default = || Space::from_specs(&[]).unwrap().candidates().unwrap();
         assert!(matches!(
-            search(&empty, default(), 64 * MIB, Objective::Reserved, &|_| {}),
+            search(
+                &empty,
+                default(),
+                64 * MIB,
+                ONE,
+                Objective::Reserved,
+                &|_| {}
+            ),
             Err(TuneError::NoAllocations)
         ));
         let big = plan_of(vec![alloc(0, 100 * MIB)], 1);
-        let err = search(&big, default(), 64 * MIB, Objective::Reserved, &|_| {}).unwrap_err();
+        let err = search(&big, default(), 64 * MIB, ONE, Objective::Reserved, &|_| {}).unwrap_err();
         assert!(matches!(err, TuneError::LiveAboveCapacity { .. }));
         assert!(err.to_string().contains("100.00 MiB"), "{err}");
     }
