@@ -1,6 +1,8 @@
 """Replays every bundled trace with `cachalot replay --device cuda:0` and on the
 simulated device, and checks that the peaks agree (issue 18: a recording replays
-on a real GPU through the same library entry as on the simulator).
+on a real GPU through the same library entry as on the simulator). Then a few
+recordings pass after pass (`--passes`) under the cachalot policy: every pass's
+driver calls and reserved bytes must agree too.
 
 Usage, from the repository root: python3 replay_on_gpu.py CACHALOT [OUT.md]
 Prints a table; exits 1 when a peak differs or a replay fails.
@@ -12,6 +14,10 @@ import sys
 
 PEAKS = ("peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes")
 
+# Recordings replayed pass after pass, and how many passes.
+REPEATED = ("gpt2_generate", "bert_dynamic", "resnet50")
+PASSES = "4"
+
 
 def replay(cli, trace, device, extra):
     out = subprocess.run([cli, "replay", trace, "--json", "--device", device, *extra],
@@ -19,6 +25,31 @@ def replay(cli, trace, device, extra):
     if out.returncode != 0:
         raise RuntimeError(f"{device}: {out.stderr.strip()}")
     return json.loads(out.stdout)
+
+
+def by_pass(report):
+    return [(p["driver_calls"], p["reserved_bytes"]) for p in report["passes"]]
+
+
+def repeated(cli, lines):
+    """Appends the table of the repeated replays to `lines`; returns how many
+    disagreed with the simulator or failed."""
+    lines += ["", f"Pass after pass (`--policy cachalot --passes {PASSES}`), driver calls and reserved MiB per pass:", "",
+              "| trace | GPU | simulator | agrees |", "|---|---|---|---|"]
+    bad = 0
+    for name in REPEATED:
+        trace = f"data/traces/{name}.native.trace.csv.gz"
+        extra = ["--policy", "cachalot", "--passes", PASSES]
+        try:
+            sim, gpu = by_pass(replay(cli, trace, "sim", extra)), by_pass(replay(cli, trace, "cuda:0", extra))
+        except (RuntimeError, KeyError) as e:
+            bad += 1
+            lines.append(f"| {name} | failed: {e} | | no |")
+            continue
+        shown = [", ".join(f"{c} / {r / 2**20:.0f}" for c, r in run) for run in (gpu, sim)]
+        bad += gpu != sim
+        lines.append(f"| {name} | {shown[0]} | {shown[1]} | {'yes' if gpu == sim else 'NO'} |")
+    return bad
 
 
 def main():
@@ -47,6 +78,7 @@ def main():
         lines.append(f"| {name} | {gpu['policy']} | {' | '.join(cells)} | {gpu['driver_calls']} | "
                      f"{'yes' if same else 'NO'} |")
     lines.append(f"\n{len(runs) - bad} of {len(runs)} replays on {device} give the simulator's peaks")
+    bad += repeated(cli, lines)
     text = "\n".join(lines)
     print(text)
     if table:
