@@ -117,7 +117,7 @@ fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), O
         r.conf.as_str()
     };
     let bytes = |n: u64| format!("{} ({n} bytes)", format_size(n));
-    let rows: Vec<(&str, String)> = vec![
+    let mut rows: Vec<(&str, String)> = vec![
         ("trace", trace.display().to_string()),
         ("policy", r.policy.clone()),
         ("conf", conf.to_string()),
@@ -136,7 +136,6 @@ fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), O
         ("ooms", r.ooms.to_string()),
         ("ns per event", format!("{:.1}", r.ns_per_event)),
     ];
-    let mut rows = rows;
     if r.passes.len() > 1 {
         rows.extend(pass_rows(&r.passes, r.settled_at()));
     }
@@ -163,7 +162,7 @@ fn pass_rows(passes: &[PassReport], settled: Option<usize>) -> Vec<(&'static str
     let reserved: Vec<u64> = passes.iter().map(|p| p.reserved_bytes).collect();
     let settled = match settled {
         Some(0) => "from the first pass: no driver call".to_string(),
-        Some(k) => format!("from pass {}: no driver call after", k + 1),
+        Some(k) => format!("from pass {} on, no driver call", k + 1),
         None => format!(
             "no: the last pass made {} driver calls",
             calls[calls.len() - 1]
@@ -229,7 +228,7 @@ mod tests {
         ];
         let rows = pass_rows(&passes, Some(2));
         assert_eq!(rows[1].1, "228, 22, 0");
-        assert_eq!(rows[3].1, "from pass 3: no driver call after");
+        assert_eq!(rows[3].1, "from pass 3 on, no driver call");
         let rows = pass_rows(&passes[..2], None);
         assert_eq!(rows[3].1, "no: the last pass made 22 driver calls");
     }

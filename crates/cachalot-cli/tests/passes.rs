@@ -83,7 +83,7 @@ fn the_table_says_where_the_workload_settled() {
         out.contains("driver calls by pass  2445, 765, 38, 0, 0"),
         "{out}"
     );
-    assert!(out.contains("from pass 4: no driver call after"), "{out}");
+    assert!(out.contains("from pass 4 on, no driver call"), "{out}");
 }
 
 #[test]
