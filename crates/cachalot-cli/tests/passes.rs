@@ -20,18 +20,19 @@ fn passes(name: &str, n: usize) -> serde_json::Value {
     serde_json::from_str(&succeeds(&args)).expect("one JSON object")
 }
 
-fn calls(report: &serde_json::Value) -> Vec<u64> {
+/// Each pass's figure `key` in a replay's JSON report.
+fn by_pass(report: &serde_json::Value, key: &str) -> Vec<u64> {
     let passes = report["passes"].as_array().expect("passes");
     passes
         .iter()
-        .map(|p| p["driver_calls"].as_u64().expect("calls"))
+        .map(|p| p[key].as_u64().expect("a figure per pass"))
         .collect()
 }
 
 #[test]
 fn a_training_trace_settles_after_its_first_pass() {
     let report = passes("resnet50", 4);
-    let calls = calls(&report);
+    let calls = by_pass(&report, "driver_calls");
     assert!(
         calls[0] > 0 && calls[1..].iter().all(|c| *c == 0),
         "{calls:?}"
@@ -59,17 +60,15 @@ fn generation_repeated_maps_once_more_then_settles() {
     // keeps its cache (docs/benchmarks.md): 1.043 of the peak requested in one
     // pass, 1.097 from the second on, still below expandable segments' 1.102.
     let report = passes("gpt2_generate", 4);
-    let calls = calls(&report);
+    let calls = by_pass(&report, "driver_calls");
     assert!(
         calls[1] > 0 && calls[2..].iter().all(|c| *c == 0),
         "{calls:?}"
     );
     let peak = report["peak_requested_bytes"].as_f64().unwrap();
-    let reserved: Vec<f64> = report["passes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["peak_reserved_bytes"].as_f64().unwrap() / peak)
+    let reserved: Vec<f64> = by_pass(&report, "peak_reserved_bytes")
+        .into_iter()
+        .map(|bytes| bytes as f64 / peak)
         .collect();
     assert!(reserved[0] <= 1.05, "{reserved:?}");
     assert!(reserved[3] < 1.102, "{reserved:?}");

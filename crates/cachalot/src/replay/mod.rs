@@ -352,7 +352,8 @@ impl Run<'_> {
         });
         self.allocator.set_observer(Some(log.clone()));
         let start = Instant::now();
-        let result = self.all_passes(progress, &log);
+        let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
+        let result = self.all_passes(progress, clock, false);
         let elapsed = start.elapsed();
         self.allocator.set_observer(None);
         let (tally, passes) = result?;
@@ -362,14 +363,16 @@ impl Run<'_> {
     }
 
     /// Every pass, each but the last followed by freeing what it left
-    /// allocated; the calls made and each pass's figures.
+    /// allocated; the calls made and each pass's figures. `clock` and
+    /// `stop_at_oom` as [`drive`] takes them; with `stop_at_oom`, no pass
+    /// follows the one that ran out of memory.
     fn all_passes(
         &self,
         progress: &mut dyn FnMut(usize),
-        log: &SegmentLog,
+        clock: Option<(&AtomicU64, &[u64])>,
+        stop_at_oom: bool,
     ) -> Result<(Tally, Vec<PassReport>), ReplayError> {
         let (plan, allocator) = (self.plan, self.allocator);
-        let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
         let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
         let mut tally = Tally::default();
         let mut passes = Vec::with_capacity(self.passes);
@@ -383,7 +386,7 @@ impl Run<'_> {
                 &mut ptrs,
                 &mut tally,
                 &mut offset,
-                false,
+                stop_at_oom,
                 clock,
             )?;
             let stats = allocator.stats();
@@ -392,6 +395,9 @@ impl Run<'_> {
                 reserved_bytes: u64::try_from(stats.reserved_bytes.all.current).unwrap_or(0),
                 peak_reserved_bytes: u64::try_from(stats.reserved_bytes.all.peak).unwrap_or(0),
             });
+            if stop_at_oom && tally.ooms > 0 {
+                break;
+            }
             if pass + 1 < self.passes {
                 free_leftovers(allocator, &mut ptrs, &mut tally, plan.ops.len())?;
             }
@@ -471,27 +477,14 @@ pub fn fits(
     capacity: u64,
     passes: NonZeroUsize,
 ) -> Result<bool, ReplayError> {
-    let (_, allocator) = open(plan, config, Device::Simulated { capacity })?;
-    let (mut ptrs, mut tally) = (vec![0; plan.slots], Tally::default());
-    let allocator = allocator.as_ref();
-    for pass in 0..passes.get() {
-        if pass > 0 {
-            free_leftovers(allocator, &mut ptrs, &mut tally, plan.ops.len())?;
-        }
-        drive(
-            plan,
-            allocator,
-            &mut ptrs,
-            &mut tally,
-            &mut |_| {},
-            true,
-            None,
-        )?;
-        if tally.ooms > 0 {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+    let (counting, allocator) = open(plan, config, Device::Simulated { capacity })?;
+    let run = Run {
+        plan,
+        allocator: allocator.as_ref(),
+        counting: &counting,
+        passes: passes.get(),
+    };
+    Ok(run.all_passes(&mut |_| {}, None, true)?.0.ooms == 0)
 }
 
 /// One pass of the replay loop, counting into `tally`; `ptrs` holds each
