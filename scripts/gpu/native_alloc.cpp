@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -111,8 +112,9 @@ uint64_t peak_live(const std::vector<Op>& ops) {
 // PyTorch's caching allocator is one per process, so "pytorch" and
 // "pytorch:expandable" share it: each sets expandable_segments its own way
 // when its turn begins, after emptying the cache the other left (segments of
-// the other kind would otherwise serve its requests). 0: not set by us yet.
-int native_mode = 0;
+// the other kind would otherwise serve its requests). Empty until one of
+// them first sets it.
+std::optional<bool> native_expandable;
 
 void set_expandable(bool on) {
   py::gil_scoped_acquire gil;
@@ -134,11 +136,10 @@ struct Native : Contender {
   bool expandable;
   explicit Native(bool expandable) : expandable(expandable) { enter(); }
   void enter() override {
-    int mode = expandable ? 2 : 1;
-    if (native_mode == mode) return;
+    if (native_expandable == expandable) return;
     release();
     set_expandable(expandable);
-    native_mode = mode;
+    native_expandable = expandable;
   }
   void* alloc(size_t size, cudaStream_t stream) override {
     return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, stream);
@@ -574,6 +575,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("turns", &turns, "replay an op list through several contenders in turn");
   m.def("set_plugin", &set_plugin, "the cachalot plug-in library for the cachalot:<policy> contenders");
   m.def("scaling", &scaling, "threaded alloc/free pattern, total ops per microsecond");
+  m.def("peak_live", [](const std::string& path) { return peak_live(load_ops(path)); },
+        "the most requested bytes an op list keeps live at once");
   m.def("has_rmm", &has_rmm, "whether the rmm:pool, rmm:arena and rmm:async contenders were built in");
   m.def("rmm_version", &rmm_version, "the RMM and CCCL versions the rmm contenders were built from");
 }

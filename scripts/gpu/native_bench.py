@@ -116,21 +116,6 @@ def has_rmm(ext):
     return bool(getattr(ext, "has_rmm", lambda: False)())
 
 
-def peak_live(path):
-    """The most requested bytes live at once over an op list."""
-    size, live, peak = {}, 0, 0
-    with open(path) as fh:
-        for line in fh:
-            f = line.split()
-            if f and f[0] == "a":
-                size[f[1]] = int(f[2])
-                live += size[f[1]]
-                peak = max(peak, live)
-            elif f and f[0] == "f":
-                live -= size.pop(f[1])
-    return peak
-
-
 def expected_bytes(path):
     with open(path) as fh:
         return sum(int(line.split()[2]) for line in fh if line.startswith("a "))
@@ -183,7 +168,7 @@ def one_process(ext, ops_dir, plugin, turns, timed, cold):
         for r in by.values():
             summarize(r, by["pytorch"])
         out["traces"][trace] = by
-        out["peak_live"][trace] = peak_live(path)
+        out["peak_live"][trace] = ext.peak_live(path)
         print(f"{trace:16} one process: " + ", ".join(summary(name, r) for name, r in by.items()))
     return out
 
