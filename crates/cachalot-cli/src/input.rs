@@ -179,6 +179,9 @@ pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputEr
             other => InputError::Replay(other.into()),
         },
     )?;
+    if let Some(note) = plan.inferred.describe() {
+        eprintln!("note: {}: {note}", path.display());
+    }
     Ok(Loaded { plan, device })
 }
 

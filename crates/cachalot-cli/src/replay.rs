@@ -136,6 +136,9 @@ fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), O
         ("ooms", r.ooms.to_string()),
         ("ns per event", format!("{:.1}", r.ns_per_event)),
     ];
+    if let Some(note) = r.inferred.describe() {
+        rows.push(("inferred", note));
+    }
     if r.passes.len() > 1 {
         rows.extend(pass_rows(&r.passes, r.settled_at()));
     }

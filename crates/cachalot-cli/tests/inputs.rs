@@ -66,7 +66,7 @@ fn every_subcommand_uses_one_error_prefix() {
 }
 
 #[test]
-fn an_unknown_free_names_its_csv_line_and_address_as_written() {
+fn a_second_free_names_its_csv_line_and_address_as_written() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let trace = dir.path().join("bad.trace.csv");
     std::fs::write(
@@ -74,17 +74,41 @@ fn an_unknown_free_names_its_csv_line_and_address_as_written() {
         "time_us,action,addr,size,stream\n\
          1,alloc,139637976727552,512,0\n\
          \n\
-         2,free_completed,139637976728064,512,0\n",
+         2,free_completed,139637976727552,512,0\n\
+         3,free_completed,139637976727552,512,0\n",
     )
     .expect("writes");
     let err = fails(&["replay", trace.to_str().expect("utf-8 path")]);
     assert!(
         err.contains(
-            "trace CSV line 4: free_completed of address 139637976728064, which was never \
-             allocated (or already freed)"
+            "trace CSV line 5: free_completed of address 139637976727552, which was already freed"
         ),
         "{err}"
     );
+}
+
+#[test]
+fn a_free_of_an_address_never_seen_is_of_an_allocation_before_the_first_event() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("late.trace.csv");
+    std::fs::write(
+        &trace,
+        "time_us,action,addr,size,stream\n\
+         1,alloc,139637976727552,512,0\n\
+         2,free_completed,139637976728064,4096,0\n",
+    )
+    .expect("writes");
+    let out = run(&["replay", trace.to_str().expect("utf-8 path"), "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("1 allocations made before its first event"),
+        "{err}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["inferred"]["from_frees"], 1, "{report}");
+    assert_eq!(report["peak_requested_bytes"], 4096 + 512, "{report}");
+    assert_eq!(report["allocs"], 2, "{report}");
 }
 
 #[test]

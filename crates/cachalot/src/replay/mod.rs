@@ -31,7 +31,7 @@ use std::time::Instant;
 use serde::{Serialize, Serializer};
 use thiserror::Error;
 
-pub use plan::{plan, plan_routed, Inconsistency, Op, Plan, PlanError, RecordedDevice};
+pub use plan::{plan, plan_routed, Inconsistency, Inferred, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
 use crate::allocator::{self, DeviceAllocator};
@@ -125,6 +125,9 @@ pub struct ReplayReport {
     pub final_stats: MemoryStats,
     /// Each pass of the plan, in order (one for a plain replay).
     pub passes: Vec<PassReport>,
+    /// The allocations the recording implies but does not show, replayed
+    /// all the same (a recording that starts mid-run).
+    pub inferred: Inferred,
     /// The first out-of-memory error, with its breakdown (print it with
     /// [`crate::report::oom::describe`]). Not part of the JSON output.
     #[serde(skip)]
@@ -442,6 +445,7 @@ impl Run<'_> {
             ns_per_event: elapsed.as_nanos() as f64 / events.max(1) as f64,
             final_stats: stats,
             passes,
+            inferred: self.plan.inferred,
             first_oom: tally.first_oom,
         }
     }

@@ -21,6 +21,20 @@
 //! * `segment_alloc`/`segment_map` events are not replayed (the policy decides its
 //!   own segments) but their sizes are kept to compare with the replay's.
 //! * `oom` and `snapshot` events change nothing.
+//! * A recording may start in the middle of a run (history turned on late, or
+//!   a ring buffer that wrapped). A free of an address the recording has not
+//!   shown before is of an allocation made before its first event; so is a
+//!   block a snapshot lists as allocated that no event explains. Both are
+//!   allocated first, before the first event's call, in address order, on
+//!   their recorded stream and pool ([`Inferred`] counts them). A block the
+//!   snapshot lists as allocated at an address the events allocated and
+//!   freed was allocated after the last event (history stopped before the
+//!   snapshot was taken), and is allocated last. Only a second free of an
+//!   address, with no allocation between, is an error. The segments that
+//!   existed before the first event (the snapshot's, less those the events
+//!   created, plus those they released) are reserved before anything else:
+//!   each one's size is allocated on its stream and pool, and freed once all
+//!   are, so the cache holds them when the first event is replayed.
 //! * A snapshot names the private pool (CUDA graph, MemPool) of each segment it
 //!   lists. An allocation made in such a segment after the segment's last
 //!   recorded `segment_alloc`/`segment_map` (or anywhere in it, when the
@@ -28,7 +42,9 @@
 //!   ([`plan_routed`]); allocations in segments freed before the snapshot are
 //!   not known to be private and go to the default pools.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
 
 use thiserror::Error;
 
@@ -36,7 +52,7 @@ use crate::backend::StreamId;
 use crate::config::AllocatorConfig;
 use crate::event::{Action, TraceEvent};
 use crate::private_pool::PoolId;
-use crate::snapshot::SegmentInfo;
+use crate::snapshot::{BlockState, SegmentInfo};
 
 /// One allocator call of a plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -102,9 +118,10 @@ pub enum Inconsistency {
         /// The address.
         addr: u64,
     },
-    /// A free of an address that is not allocated.
-    #[error("{action} of address {addr}, which was never allocated (or already freed)")]
-    UnknownAddress {
+    /// A free of an address the recording allocated (or freed before) and
+    /// freed again since.
+    #[error("{action} of address {addr}, which was already freed")]
+    AlreadyFreed {
         /// `free_requested` or `free_completed`.
         action: Action,
         /// The address.
@@ -173,6 +190,77 @@ pub struct Plan {
     pub recorded_segment_sizes: Vec<u64>,
     /// Address and size of the recorded `segment_alloc` events, in order.
     pub recorded_segment_allocs: Vec<(u64, u64)>,
+    /// The allocations the recording implies but does not show.
+    pub inferred: Inferred,
+}
+
+/// The allocations a recording implies but does not show (see the module
+/// docs): those made before its first event, known from their frees or from
+/// the snapshot's blocks, and those made after its last. Field names are a
+/// stable interface (`cachalot replay --json`).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Inferred {
+    /// Allocations made before the first event, known from their frees.
+    pub from_frees: u64,
+    /// Allocations made before the first event and never freed, known from
+    /// the snapshot's blocks.
+    pub from_blocks: u64,
+    /// Allocations made after the last event, known from the snapshot's blocks.
+    pub after_last: u64,
+    /// The bytes requested by all of them.
+    pub bytes: u64,
+    /// Segments that existed before the first event, reserved first.
+    pub segments: u64,
+    /// Their bytes.
+    pub segment_bytes: u64,
+}
+
+impl Inferred {
+    /// Allocations made before the first event.
+    pub fn before_first(&self) -> u64 {
+        self.from_frees + self.from_blocks
+    }
+
+    /// Whether the recording showed every allocation and segment it depends on.
+    pub fn is_empty(&self) -> bool {
+        self.before_first() + self.after_last + self.segments == 0
+    }
+
+    /// One sentence on what was inferred, or `None` when nothing was.
+    pub fn describe(&self) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut parts = Vec::new();
+        if self.before_first() > 0 {
+            parts.push(format!(
+                "{} allocations made before its first event ({} known from their frees, \
+                 {} from the snapshot's blocks) are allocated first",
+                self.before_first(),
+                self.from_frees,
+                self.from_blocks
+            ));
+        }
+        if self.segments > 0 {
+            parts.push(format!(
+                "{} segments ({}) that existed before its first event are reserved first",
+                self.segments,
+                crate::error::format_size(self.segment_bytes)
+            ));
+        }
+        if self.after_last > 0 {
+            parts.push(format!(
+                "{} allocations the snapshot holds that were made after its last event \
+                 are allocated last",
+                self.after_last
+            ));
+        }
+        Some(format!(
+            "the recording starts mid-run or ends before its snapshot: {} ({} requested)",
+            parts.join("; "),
+            crate::error::format_size(self.bytes)
+        ))
+    }
 }
 
 /// A recorded allocation that has not been freed yet.
@@ -206,6 +294,7 @@ pub fn plan_routed(
         pools: PoolRanges::new(events, segments),
         ..Builder::default()
     };
+    builder.segments_before(events, segments)?;
     let pressure = device.pressure_bytes();
     for (i, e) in events.iter().enumerate() {
         match e.action {
@@ -229,10 +318,13 @@ pub fn plan_routed(
             Action::Oom | Action::Snapshot => {}
         }
     }
+    builder.blocks_not_shown(segments, events.last().map_or(0, |e| e.time_us))?;
     let slots = builder.next_slot as usize;
     let recorded_segment_sizes = std::mem::take(&mut builder.segment_sizes);
     let recorded_segment_allocs = std::mem::take(&mut builder.segment_allocs);
-    let (ops, times_us) = builder.kept_ops();
+    let inferred = builder.inferred;
+    let first_time = events.first().map_or(0, |e| e.time_us);
+    let (ops, times_us) = builder.kept_ops(first_time);
     Ok(Plan {
         ops,
         times_us,
@@ -240,6 +332,7 @@ pub fn plan_routed(
         events: events.len(),
         recorded_segment_sizes,
         recorded_segment_allocs,
+        inferred,
     })
 }
 
@@ -299,6 +392,14 @@ impl PoolRanges {
     }
 }
 
+/// An allocation made before the first event: allocated first, in address order.
+struct Earlier {
+    addr: u64,
+    slot: u32,
+    size: u64,
+    stream: StreamId,
+}
+
 #[derive(Default)]
 struct Builder {
     pools: PoolRanges,
@@ -306,6 +407,15 @@ struct Builder {
     /// The recorded time of each op's event.
     times_us: Vec<u64>,
     live: HashMap<u64, Live>,
+    /// Every address the events allocated, or freed having allocated it
+    /// before the first event.
+    seen: HashSet<u64>,
+    /// The allocations made before the first event.
+    earlier: Vec<Earlier>,
+    /// The segments that existed before the first event, as allocations of
+    /// their size (freed once all are made).
+    reservations: Vec<Earlier>,
+    inferred: Inferred,
     next_slot: u32,
     /// Op indices of request-time frees superseded by their completion.
     blanked: Vec<usize>,
@@ -320,20 +430,161 @@ impl Builder {
         self.times_us.push(e.time_us);
     }
 
-    /// The ops and their times without the request-time frees that a
-    /// completion superseded.
-    fn kept_ops(mut self) -> (Vec<Op>, Vec<u64>) {
+    /// The ops and their times: the allocations made before the first event
+    /// (at `first_time`), then the events' ops without the request-time frees
+    /// that a completion superseded.
+    fn kept_ops(mut self, first_time: u64) -> (Vec<Op>, Vec<u64>) {
+        self.earlier.sort_unstable_by_key(|e| e.addr);
+        let mut ops = Vec::with_capacity(self.ops.len() + self.earlier.len());
+        for e in self.reservations.iter().chain(&self.earlier) {
+            let op = Op::Alloc {
+                slot: e.slot,
+                size: e.size,
+                stream: e.stream,
+            };
+            match self.pools.of(0, e.addr) {
+                Some(pool) => ops.extend([Op::EnterPool { pool }, op, Op::LeavePool { pool }]),
+                None => ops.push(op),
+            }
+            if self.reservations.last().is_some_and(|r| r.slot == e.slot) {
+                ops.extend(self.reservations.iter().map(|r| Op::Free { slot: r.slot }));
+            }
+        }
+        let mut times = vec![first_time; ops.len()];
         self.blanked.sort_unstable();
         let mut blanked = self.blanked.into_iter().peekable();
-        let (ops, times) = self
-            .ops
-            .into_iter()
-            .zip(self.times_us)
-            .enumerate()
-            .filter(|(i, _)| blanked.next_if_eq(i).is_none())
-            .map(|(_, pair)| pair)
-            .unzip();
+        for (i, pair) in self.ops.into_iter().zip(self.times_us).enumerate() {
+            if blanked.next_if_eq(&i).is_none() {
+                ops.push(pair.0);
+                times.push(pair.1);
+            }
+        }
         (ops, times)
+    }
+
+    /// The segments that existed before the first of `events`: those of
+    /// `segments` (a snapshot's, taken after the events) less the ones the
+    /// events created, plus the ones they released; walked back from the end.
+    /// Each becomes a reservation, in the order the device gave them out
+    /// (highest address first), and counts in the reserved bytes.
+    fn segments_before(
+        &mut self,
+        events: &[TraceEvent],
+        segments: &[SegmentInfo],
+    ) -> Result<(), PlanError> {
+        let mut at_start: HashMap<u64, (u64, StreamId)> = segments
+            .iter()
+            .map(|s| (s.address, (s.total_size, s.stream)))
+            .collect();
+        for e in events.iter().rev() {
+            match e.action {
+                Action::SegmentAlloc => {
+                    at_start.remove(&e.addr);
+                }
+                Action::SegmentFree => {
+                    at_start.insert(e.addr, (e.size, e.stream));
+                }
+                _ => {}
+            }
+        }
+        let mut at_start: Vec<_> = at_start.into_iter().collect();
+        at_start.sort_unstable_by_key(|(addr, _)| std::cmp::Reverse(*addr));
+        for (addr, (size, stream)) in at_start {
+            let slot = self.next_slot()?;
+            self.reservations.push(Earlier {
+                addr,
+                slot,
+                size,
+                stream,
+            });
+            self.inferred.segments += 1;
+            self.inferred.segment_bytes = self.inferred.segment_bytes.saturating_add(size);
+            self.reserved = self.reserved.saturating_add(size);
+        }
+        Ok(())
+    }
+
+    fn next_slot(&mut self) -> Result<u32, PlanError> {
+        let slot = self.next_slot;
+        self.next_slot = slot
+            .checked_add(1)
+            .ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
+        Ok(slot)
+    }
+
+    /// Records an allocation of `size` bytes at `addr` on `stream` made before
+    /// the first event, live from the start.
+    fn earlier(&mut self, addr: u64, size: u64, stream: StreamId) -> Result<(), PlanError> {
+        let slot = self.next_slot()?;
+        self.earlier.push(Earlier {
+            addr,
+            slot,
+            size,
+            stream,
+        });
+        self.inferred.bytes = self.inferred.bytes.saturating_add(size);
+        self.seen.insert(addr);
+        self.live.insert(
+            addr,
+            Live {
+                slot,
+                requested_at: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// A free of `e.addr`, which is not live: of an allocation made before the
+    /// first event when the events never showed the address, else an error.
+    fn free_of_unseen(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
+        if self.seen.contains(&e.addr) {
+            return Err(unknown_address(event, e));
+        }
+        self.inferred.from_frees += 1;
+        self.earlier(e.addr, e.size, e.stream)
+    }
+
+    /// The blocks `segments` (a snapshot taken after the last event) list as
+    /// allocated that the events do not leave allocated: made before the first
+    /// event when the events never showed the address, else after the last
+    /// (at `last_time`).
+    fn blocks_not_shown(
+        &mut self,
+        segments: &[SegmentInfo],
+        last_time: u64,
+    ) -> Result<(), PlanError> {
+        let allocated = segments.iter().flat_map(|s| {
+            s.blocks
+                .iter()
+                .filter(|b| b.state == BlockState::ActiveAllocated)
+                .map(move |b| (b, s.stream))
+        });
+        for (b, stream) in allocated {
+            if self.live.contains_key(&b.address) {
+                continue;
+            }
+            let size = if b.requested_size > 0 {
+                b.requested_size
+            } else {
+                b.size
+            };
+            if !self.seen.contains(&b.address) {
+                self.inferred.from_blocks += 1;
+                self.earlier(b.address, size, stream)?;
+                continue;
+            }
+            self.inferred.after_last += 1;
+            self.inferred.bytes = self.inferred.bytes.saturating_add(size);
+            let e = TraceEvent {
+                time_us: last_time,
+                action: Action::Alloc,
+                addr: b.address,
+                size,
+                stream,
+            };
+            self.alloc(usize::MAX, &e)?;
+        }
+        Ok(())
     }
 
     fn alloc(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
@@ -347,10 +598,8 @@ impl Builder {
             // Freed by request with no completion before reuse: the request's free stands.
             self.live.remove(&e.addr);
         }
-        let slot = self.next_slot;
-        self.next_slot = slot
-            .checked_add(1)
-            .ok_or(PlanError::TooManyAllocations { max: u32::MAX })?;
+        self.seen.insert(e.addr);
+        let slot = self.next_slot()?;
         let op = Op::Alloc {
             slot,
             size: e.size,
@@ -375,10 +624,14 @@ impl Builder {
     }
 
     fn free_requested(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let unknown = unknown_address(event, e);
-        let live = self.live.get_mut(&e.addr).ok_or(unknown.clone())?;
+        if !self.live.contains_key(&e.addr) {
+            self.free_of_unseen(event, e)?;
+        }
+        let Some(live) = self.live.get_mut(&e.addr) else {
+            return Err(unknown_address(event, e));
+        };
         if live.requested_at.is_some() {
-            return Err(unknown);
+            return Err(unknown_address(event, e));
         }
         live.requested_at = Some(self.ops.len());
         let op = Op::Free { slot: live.slot };
@@ -387,10 +640,12 @@ impl Builder {
     }
 
     fn free_completed(&mut self, event: usize, e: &TraceEvent) -> Result<(), PlanError> {
-        let live = self
-            .live
-            .remove(&e.addr)
-            .ok_or_else(|| unknown_address(event, e))?;
+        if !self.live.contains_key(&e.addr) {
+            self.free_of_unseen(event, e)?;
+        }
+        let Some(live) = self.live.remove(&e.addr) else {
+            return Err(unknown_address(event, e));
+        };
         if let Some(at) = live.requested_at {
             self.blanked.push(at);
         }
@@ -399,11 +654,11 @@ impl Builder {
     }
 }
 
-/// The error for event `event`, `e`, a free of an address not allocated.
+/// The error for event `event`, `e`, a free of an address freed before.
 fn unknown_address(event: usize, e: &TraceEvent) -> PlanError {
     PlanError::Inconsistent {
         event,
-        problem: Inconsistency::UnknownAddress {
+        problem: Inconsistency::AlreadyFreed {
             action: e.action,
             addr: e.addr,
         },
@@ -462,13 +717,15 @@ mod tests {
             .map(|(i, _)| i)
             .collect();
         // Only the allocation after the segment's last creation: the first one
-        // was in an earlier segment at the same address.
+        // was in an earlier segment at the same address. (Slot 0 reserves the
+        // default segment, which no event created.)
         assert_eq!(routed.len(), 1);
         let at = routed[0];
-        assert!(matches!(p.ops[at + 1], Op::Alloc { slot: 1, .. }));
+        assert!(matches!(p.ops[at + 1], Op::Alloc { slot: 2, .. }));
         assert_eq!(p.ops[at + 2], Op::LeavePool { pool: graph });
         assert_eq!(p.ops.len(), p.times_us.len());
-        assert_eq!(plan(&events, &h100()).unwrap().ops.len(), p.ops.len() - 2);
+        assert_eq!(p.inferred.segments, 1);
+        assert_eq!(plan(&events, &h100()).unwrap().ops.len(), p.ops.len() - 4);
     }
 
     #[test]
@@ -547,12 +804,15 @@ mod tests {
             plan(&double, &h100()),
             inconsistent(1, Inconsistency::AddressInUse { addr: 1 })
         );
-        let foreign = [ev(FreeCompleted, 139_637_976_727_552, 512)];
-        let err = plan(&foreign, &h100()).unwrap_err();
+        let again = [
+            ev(Alloc, 139_637_976_727_552, 512),
+            ev(FreeCompleted, 139_637_976_727_552, 512),
+            ev(FreeCompleted, 139_637_976_727_552, 512),
+        ];
+        let err = plan(&again, &h100()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "event 0: free_completed of address 139637976727552, which was never allocated \
-             (or already freed)"
+            "event 2: free_completed of address 139637976727552, which was already freed"
         );
         let twice = [
             ev(Alloc, 1, 512),
@@ -563,11 +823,144 @@ mod tests {
             plan(&twice, &h100()),
             inconsistent(
                 2,
-                Inconsistency::UnknownAddress {
+                Inconsistency::AlreadyFreed {
                     action: FreeRequested,
                     addr: 1
                 }
             )
         );
+    }
+
+    fn block(address: u64, requested_size: u64, state: BlockState) -> crate::snapshot::BlockInfo {
+        crate::snapshot::BlockInfo {
+            address,
+            size: 512,
+            requested_size,
+            state,
+        }
+    }
+
+    #[test]
+    fn a_recording_that_starts_mid_run_allocates_what_it_frees_first() {
+        // The ring buffer kept the free of 100 (allocated before it wrapped),
+        // both halves of the free of 200, and the completion of 300's.
+        let events = [
+            ev(Alloc, 400, 64),
+            ev(FreeCompleted, 100, 512),
+            ev(FreeRequested, 200, 256),
+            ev(FreeCompleted, 200, 256),
+            ev(FreeCompleted, 300, 128),
+            ev(FreeCompleted, 400, 64),
+        ];
+        let p = plan(&events, &h100()).unwrap();
+        let s = StreamId(0);
+        let alloc = |slot, size| Op::Alloc {
+            slot,
+            size,
+            stream: s,
+        };
+        assert_eq!(
+            p.ops,
+            [
+                alloc(1, 512),
+                alloc(2, 256),
+                alloc(3, 128),
+                alloc(0, 64),
+                Op::Free { slot: 1 },
+                Op::Free { slot: 2 },
+                Op::Free { slot: 3 },
+                Op::Free { slot: 0 },
+            ]
+        );
+        assert_eq!(
+            p.inferred,
+            Inferred {
+                from_frees: 3,
+                from_blocks: 0,
+                after_last: 0,
+                bytes: 896,
+                segments: 0,
+                segment_bytes: 0,
+            }
+        );
+        assert_eq!(p.ops.len(), p.times_us.len());
+    }
+
+    #[test]
+    fn a_snapshots_blocks_fill_in_what_its_events_do_not_show() {
+        let graph = PoolId(0, 7);
+        let segment = |address, pool_id, blocks| SegmentInfo {
+            device: 0,
+            address,
+            total_size: 2 << 20,
+            stream: StreamId(3),
+            is_small: true,
+            is_expandable: false,
+            pool_id,
+            blocks,
+        };
+        let segments = [
+            segment(
+                1 << 20,
+                PoolId::DEFAULT,
+                vec![
+                    block(1 << 20, 100, BlockState::ActiveAllocated),
+                    block((1 << 20) + 512, 0, BlockState::Inactive),
+                    block((1 << 20) + 1024, 300, BlockState::ActiveAllocated),
+                    block((1 << 20) + 1536, 50, BlockState::ActivePendingFree),
+                ],
+            ),
+            segment(
+                8 << 20,
+                graph,
+                vec![block(8 << 20, 0, BlockState::ActiveAllocated)],
+            ),
+        ];
+        // Events: (1<<20)+1024 allocated and freed, then allocated again after
+        // history stopped; 1<<20 and the graph's block never shown.
+        let events = [
+            ev(Alloc, (1 << 20) + 1024, 300),
+            ev(FreeCompleted, (1 << 20) + 1024, 300),
+        ];
+        let p = plan_routed(&events, &h100(), &segments).unwrap();
+        assert_eq!(
+            p.inferred,
+            Inferred {
+                from_frees: 0,
+                from_blocks: 2,
+                after_last: 1,
+                bytes: 100 + 512 + 300,
+                segments: 2,
+                segment_bytes: 4 << 20,
+            }
+        );
+        let s3 = StreamId(3);
+        let alloc = |slot, size, stream| Op::Alloc { slot, size, stream };
+        assert_eq!(
+            p.ops,
+            [
+                // The segments, highest first, reserved and released.
+                Op::EnterPool { pool: graph },
+                alloc(0, 2 << 20, s3),
+                Op::LeavePool { pool: graph },
+                alloc(1, 2 << 20, s3),
+                Op::Free { slot: 0 },
+                Op::Free { slot: 1 },
+                // The blocks never shown, by address.
+                alloc(3, 100, s3),
+                Op::EnterPool { pool: graph },
+                alloc(5, 512, s3),
+                Op::LeavePool { pool: graph },
+                // The events.
+                alloc(2, 300, StreamId(0)),
+                Op::Free { slot: 2 },
+                // Allocated after the last event.
+                alloc(4, 300, s3),
+            ]
+        );
+        // A snapshot with no events at all: its allocated blocks, nothing else.
+        let p = plan_routed(&[], &h100(), &segments).unwrap();
+        assert_eq!(p.inferred.from_blocks, 3);
+        assert_eq!(p.slots, 5);
     }
 }
