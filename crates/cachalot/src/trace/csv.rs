@@ -21,8 +21,13 @@ pub struct CsvReader<R> {
     buf: Vec<u8>,
     max_line: usize,
     done: bool,
-    /// The blank lines skipped so far (1-based).
-    blank_lines: Vec<u64>,
+    /// Events read so far.
+    events: u64,
+    /// The line of the last event read.
+    last_event_line: u64,
+    /// Where an event is not on the line after the one before it (blank
+    /// lines between): `(event index, line)`.
+    jumps: Vec<(u64, u64)>,
 }
 
 impl<R: BufRead> CsvReader<R> {
@@ -34,14 +39,18 @@ impl<R: BufRead> CsvReader<R> {
             buf: Vec::with_capacity(128),
             max_line: limits.max_line_bytes,
             done: false,
-            blank_lines: Vec::new(),
+            events: 0,
+            last_event_line: 1,
+            jumps: Vec::new(),
         }
     }
 
-    /// The blank lines skipped (1-based, in increasing order), which tell an
-    /// event's line from its index (see [`super::Origin::Csv`]).
-    pub fn into_blank_lines(self) -> Vec<u64> {
-        self.blank_lines
+    /// Where events are not on the line after the one before them: `(event
+    /// index, line)`, in increasing order, which tell an event's line from its
+    /// index (see [`super::Origin::Csv`]). One entry per run of blank lines
+    /// before an event, at most.
+    pub fn into_line_jumps(self) -> Vec<(u64, u64)> {
+        self.jumps
     }
 
     /// The number of lines read so far (the header included).
@@ -102,12 +111,15 @@ impl<R: BufRead> CsvReader<R> {
                 return Ok(None);
             }
             if self.buf.iter().all(u8::is_ascii_whitespace) {
-                self.blank_lines.push(self.line);
                 continue;
             }
-            return parse_line(&self.buf)
-                .map(Some)
-                .map_err(|reason| self.error(reason));
+            let event = parse_line(&self.buf).map_err(|reason| self.error(reason))?;
+            if self.line != self.last_event_line + 1 {
+                self.jumps.push((self.events, self.line));
+            }
+            self.last_event_line = self.line;
+            self.events += 1;
+            return Ok(Some(event));
         }
     }
 }

@@ -6,25 +6,29 @@
 //! * the **trace CSV** (`time_us,action,addr,size,stream`), read as a stream of
 //!   [`TraceEvent`]s by [`csv::CsvReader`];
 //! * the **snapshot pickle** that `torch.cuda.memory._dump_snapshot` writes
-//!   (`segments`, `device_traces`, `allocator_settings`), read whole by
-//!   [`pickle::read_snapshot`] after a guard pass ([`guard`]) has bounded its depth
-//!   and expanded size;
+//!   (`segments`, `device_traces`, `allocator_settings`), streamed by
+//!   [`unpickle`] in two passes that keep only the events and segments, and
+//!   walked by [`pickle`];
 //! * the **stats JSON** of a recorded run (`conf`, `total_memory`, the final
 //!   `memory_stats`, `checkpoints`), read by [`stats::read_stats`].
 //!
 //! Bad input (corrupt, truncated or hostile) is a [`TraceError`] naming the line,
 //! byte offset or field where reading stopped; no reader panics, and every reader
-//! works in memory bounded by [`ReadLimits`].
+//! works in memory bounded by what it keeps (the events, a snapshot's segments)
+//! and by [`ReadLimits`]. A gzip stream that expands far more than recordings
+//! do (a decompression bomb) is refused as it expands.
 
 pub mod csv;
-pub mod guard;
 pub mod pickle;
 pub mod stats;
+mod unpickle;
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
+use std::rc::Rc;
 
 use flate2::bufread::MultiGzDecoder;
 use thiserror::Error;
@@ -58,6 +62,16 @@ pub enum TraceError {
         what: &'static str,
         /// The limit.
         limit: u64,
+    },
+    /// A gzip stream that expands far more than any recording does.
+    #[error(
+        "a gzip stream that expands more than {ratio} times (past its first {} MiB): \
+         not a recording, or a decompression bomb",
+        RATIO_GRACE >> 20
+    )]
+    Expands {
+        /// The most decompressed bytes per compressed byte allowed.
+        ratio: u64,
     },
     /// A line of a trace CSV is malformed.
     #[error("trace CSV line {line}: {reason}")]
@@ -122,17 +136,26 @@ impl TraceError {
     }
 }
 
-/// Bounds on what a reader accepts, so hostile input cannot exhaust memory or stack.
+/// Decompressed bytes read before [`ReadLimits::max_ratio`] applies.
+pub const RATIO_GRACE: u64 = 64 << 20;
+
+/// Bounds on what a reader accepts, so hostile input cannot exhaust memory or
+/// stack. None of them stops a recording PyTorch writes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct ReadLimits {
-    /// Most bytes read after decompression. Default: 2 GiB.
+    /// Most bytes read after decompression. Default: 1 TiB.
     pub max_input_bytes: u64,
+    /// Most decompressed bytes per compressed byte of a gzip stream, past its
+    /// first [`RATIO_GRACE`] bytes. Default: 256 (recordings expand 8 to 20
+    /// times; a decompression bomb, a thousand).
+    pub max_ratio: u64,
     /// Longest CSV line in bytes. Default: 4 KiB.
     pub max_line_bytes: usize,
     /// Deepest nesting of pickle containers. Default: 64 (real snapshots nest 7 deep).
     pub max_depth: u32,
-    /// Most values a pickle may expand to once shared references are copied out.
-    /// Default: 64 million.
+    /// Most values a pickle keeps besides its trace entries (which become
+    /// events) and call stacks (which are dropped): a snapshot's segments and
+    /// blocks, about six values each. Default: 64 million.
     pub max_values: u64,
     /// Which device's events to read from a snapshot pickle. Default (`None`):
     /// the one device with events; a snapshot with events on several is refused.
@@ -142,7 +165,8 @@ pub struct ReadLimits {
 impl Default for ReadLimits {
     fn default() -> Self {
         ReadLimits {
-            max_input_bytes: 2 << 30,
+            max_input_bytes: 1 << 40,
+            max_ratio: 256,
             max_line_bytes: 4096,
             max_depth: 64,
             max_values: 64 << 20,
@@ -164,12 +188,15 @@ pub enum TraceFormat {
 
 /// A reader over the decompressed bytes of a file, that fails with
 /// [`TraceError::TooLarge`] (wrapped in an `io::Error`) past its limit rather than
-/// stopping silently.
+/// stopping silently, and with [`TraceError::Expands`] when it has read more
+/// than `ratio` times the compressed bytes consumed (past [`RATIO_GRACE`]).
 #[derive(Debug)]
 pub struct LimitedReader<R> {
     inner: R,
     left: u64,
     limit: u64,
+    /// For a gzip stream: the compressed bytes consumed so far, and the ratio.
+    compressed: Option<(Rc<Cell<u64>>, u64)>,
 }
 
 impl<R: Read> LimitedReader<R> {
@@ -179,7 +206,14 @@ impl<R: Read> LimitedReader<R> {
             inner,
             left: limit,
             limit,
+            compressed: None,
         }
+    }
+
+    fn over_ratio(&self) -> Option<u64> {
+        let (consumed, ratio) = self.compressed.as_ref()?;
+        let read = self.limit - self.left;
+        (read > RATIO_GRACE && read / consumed.get().max(1) > *ratio).then_some(*ratio)
     }
 }
 
@@ -187,6 +221,11 @@ impl<R: Read> LimitedReader<R> {
 #[derive(Debug, Error)]
 #[error("input exceeds the {0}-byte limit")]
 struct OverLimit(u64);
+
+/// The payload of the `io::Error` a [`LimitedReader`] returns past its ratio.
+#[derive(Debug, Error)]
+#[error("input expands more than {0} times")]
+struct OverRatio(u64);
 
 impl<R: Read> Read for LimitedReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -203,24 +242,53 @@ impl<R: Read> Read for LimitedReader<R> {
             return Err(io::Error::other(OverLimit(self.limit)));
         }
         self.left -= n as u64;
+        if let Some(ratio) = self.over_ratio() {
+            return Err(io::Error::other(OverRatio(ratio)));
+        }
         Ok(n)
+    }
+}
+
+/// A reader that counts the bytes consumed from it.
+struct Counted<R> {
+    inner: R,
+    consumed: Rc<Cell<u64>>,
+}
+
+impl<R: BufRead> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.consumed.set(self.consumed.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.consumed.set(self.consumed.get() + amt as u64);
+        self.inner.consume(amt);
     }
 }
 
 /// Converts an I/O error into a [`TraceError`], recognising the limit error.
 pub(crate) fn io_error(what: &str, e: io::Error) -> TraceError {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<OverLimit>())
-    {
-        Some(OverLimit(limit)) => TraceError::TooLarge {
+    let inner = e.get_ref();
+    if let Some(OverLimit(limit)) = inner.and_then(|i| i.downcast_ref::<OverLimit>()) {
+        return TraceError::TooLarge {
             what: "decompressed input",
             limit: *limit,
-        },
-        None => TraceError::Io {
-            what: what.to_string(),
-            source: e,
-        },
+        };
+    }
+    if let Some(OverRatio(ratio)) = inner.and_then(|i| i.downcast_ref::<OverRatio>()) {
+        return TraceError::Expands { ratio: *ratio };
+    }
+    TraceError::Io {
+        what: what.to_string(),
+        source: e,
     }
 }
 
@@ -234,15 +302,18 @@ pub fn decompressed<'a, R: BufRead + 'a>(
     limits: &ReadLimits,
 ) -> Result<Box<dyn BufRead + 'a>, TraceError> {
     let head = input.fill_buf().map_err(|e| io_error("input", e))?;
-    let inner: Box<dyn Read + 'a> = if head.starts_with(&GZIP_MAGIC) {
-        Box::new(MultiGzDecoder::new(input))
-    } else {
-        Box::new(input)
+    if !head.starts_with(&GZIP_MAGIC) {
+        let plain = LimitedReader::new(input, limits.max_input_bytes);
+        return Ok(Box::new(BufReader::with_capacity(1 << 16, plain)));
+    }
+    let consumed = Rc::new(Cell::new(0));
+    let counted = Counted {
+        inner: input,
+        consumed: Rc::clone(&consumed),
     };
-    Ok(Box::new(BufReader::with_capacity(
-        1 << 16,
-        LimitedReader::new(inner, limits.max_input_bytes),
-    )))
+    let mut limited = LimitedReader::new(MultiGzDecoder::new(counted), limits.max_input_bytes);
+    limited.compressed = Some((consumed, limits.max_ratio));
+    Ok(Box::new(BufReader::with_capacity(1 << 16, limited)))
 }
 
 /// Detects the format of decompressed input from its first bytes, without
@@ -286,10 +357,12 @@ pub enum Origin {
     #[default]
     Unknown,
     /// A trace CSV: event `i` is on line `i + 2` (the header is line 1), plus
-    /// one for each blank line before it.
+    /// the blank lines before it.
     Csv {
-        /// The blank lines skipped, 1-based, in increasing order.
-        blank_lines: Vec<u64>,
+        /// Where an event is not on the line after the one before it: `(event
+        /// index, line)`, in increasing order (see
+        /// [`csv::CsvReader::into_line_jumps`]).
+        line_jumps: Vec<(u64, u64)>,
     },
     /// A snapshot pickle: event `i` is `device_traces[device][i]`.
     Snapshot {
@@ -304,13 +377,13 @@ impl Recording {
     pub fn event_error(&self, event: usize, reason: impl fmt::Display) -> TraceError {
         let reason = reason.to_string();
         match &self.origin {
-            Origin::Csv { blank_lines } => {
-                let mut line = event as u64 + 2;
-                for blank in blank_lines {
-                    if *blank <= line {
-                        line += 1;
-                    }
-                }
+            Origin::Csv { line_jumps } => {
+                let event = event as u64;
+                let at = line_jumps.partition_point(|(i, _)| *i <= event);
+                let line = match at.checked_sub(1).map(|k| line_jumps[k]) {
+                    Some((i, line)) => line + (event - i),
+                    None => event + 2,
+                };
                 TraceError::Csv { line, reason }
             }
             Origin::Snapshot { device } => {
@@ -321,13 +394,40 @@ impl Recording {
     }
 }
 
-/// Reads a trace CSV or snapshot pickle (plain or gzip) from `input`.
+/// Reads a trace CSV or snapshot pickle (plain or gzip) from `input`. A
+/// snapshot pickle is held in memory decompressed (bounded by
+/// [`ReadLimits::max_input_bytes`]) and read in two passes;
+/// [`read_recording_path`] streams it from the file instead.
 ///
 /// # Errors
 /// Any [`TraceError`] of the format found.
 pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recording, TraceError> {
     let mut input = decompressed(input, limits)?;
     match detect(&mut input)? {
+        TraceFormat::Pickle => {
+            let mut bytes = Vec::new();
+            input
+                .read_to_end(&mut bytes)
+                .map_err(|e| match io_error("snapshot pickle", e) {
+                    TraceError::Io { source, .. } => TraceError::Pickle {
+                        offset: bytes.len() as u64,
+                        reason: format!("read failed: {source}"),
+                    },
+                    other => other,
+                })?;
+            pickle::read_snapshot(&&bytes[..], limits)?.into_recording(limits.device)
+        }
+        format => read_other(input, format, limits),
+    }
+}
+
+/// Reads a trace CSV (or refuses JSON).
+fn read_other(
+    input: Box<dyn BufRead + '_>,
+    format: TraceFormat,
+    limits: &ReadLimits,
+) -> Result<Recording, TraceError> {
+    match format {
         TraceFormat::Csv => {
             let mut reader = csv::CsvReader::new(input, limits);
             let events = reader.by_ref().collect::<Result<Vec<_>, _>>()?;
@@ -336,25 +436,44 @@ pub fn read_recording<R: BufRead>(input: R, limits: &ReadLimits) -> Result<Recor
                 segments: Vec::new(),
                 conf: None,
                 origin: Origin::Csv {
-                    blank_lines: reader.into_blank_lines(),
+                    line_jumps: reader.into_line_jumps(),
                 },
             })
         }
-        TraceFormat::Pickle => {
-            let snapshot = pickle::read_snapshot(input, limits)?;
-            snapshot.into_recording(limits.device)
-        }
-        TraceFormat::Json => Err(TraceError::Json),
+        TraceFormat::Json | TraceFormat::Pickle => Err(TraceError::Json),
     }
 }
 
-/// Reads a recording from a file (see [`read_recording`]).
+/// A file, decompressed, read from its start at each [`unpickle::Source::open`].
+struct FileSource<'a> {
+    path: &'a Path,
+    limits: &'a ReadLimits,
+}
+
+impl unpickle::Source for FileSource<'_> {
+    fn open(&self) -> Result<Box<dyn BufRead + '_>, TraceError> {
+        let file =
+            File::open(self.path).map_err(|e| io_error(&self.path.display().to_string(), e))?;
+        decompressed(BufReader::new(file), self.limits)
+    }
+}
+
+/// Reads a recording from a file (see [`read_recording`]); a snapshot pickle
+/// streams from the file, twice, in memory bounded by the events and
+/// segments it holds.
 ///
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be opened; otherwise as [`read_recording`].
 pub fn read_recording_path(path: &Path, limits: &ReadLimits) -> Result<Recording, TraceError> {
-    let file = File::open(path).map_err(|e| io_error(&path.display().to_string(), e))?;
-    read_recording(BufReader::new(file), limits)
+    let source = FileSource { path, limits };
+    let mut input = unpickle::Source::open(&source)?;
+    match detect(&mut input)? {
+        TraceFormat::Pickle => {
+            drop(input);
+            pickle::read_snapshot(&source, limits)?.into_recording(limits.device)
+        }
+        format => read_other(input, format, limits),
+    }
 }
 
 #[cfg(test)]
