@@ -8,7 +8,6 @@ use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
 use cachalot::snapshot::BlockState;
 use cachalot::snapshot_io::{pickle, SnapshotDump};
-use serde_pickle::{HashableValue, SerOptions, Value};
 
 use crate::dropin::{BlockRow, SegmentRow, TraceRow};
 use crate::error::{PluginError, PluginResult};
@@ -49,28 +48,19 @@ pub fn record_history(registry: &Registry, enabled: bool, max_entries: usize) {
 /// # Errors
 /// [`PluginError::Io`] when the file cannot be written.
 pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
-    let mut merged: Option<Value> = None;
-    for (device, allocator) in registry.devices() {
-        let history = registry.history(device);
-        let dump = SnapshotDump::capture(allocator.as_ref(), history.as_deref());
-        let value = pickle::to_value(&dump);
-        merged = Some(match merged {
-            None => value,
-            Some(into) => merge(into, value),
-        });
-    }
-    let value = merged.unwrap_or_else(|| {
-        pickle::to_value(&SnapshotDump {
-            config: registry.config().clone(),
-            ..SnapshotDump::default()
+    let dumps: Vec<SnapshotDump> = registry
+        .devices()
+        .map(|(device, allocator)| {
+            let history = registry.history(device);
+            SnapshotDump::capture(allocator.as_ref(), history.as_deref())
         })
-    });
+        .collect();
     let io = |source| PluginError::Io {
         path: path.to_string(),
         source,
     };
     let mut out = BufWriter::new(File::create(path).map_err(io)?);
-    serde_pickle::value_to_writer(&mut out, &value, SerOptions::new())
+    pickle::write_devices(&dumps, registry.config(), &mut out)
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
     out.flush().map_err(io)
 }
@@ -124,31 +114,4 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
         }));
     }
     (segments, blocks, trace)
-}
-
-/// Adds a later device's snapshot to `into`: its segments are appended and its
-/// trace list takes its device's place in `device_traces`.
-fn merge(mut into: Value, from: Value) -> Value {
-    let (Value::Dict(target), Value::Dict(mut source)) = (&mut into, from) else {
-        return into;
-    };
-    for key in ["segments", "device_traces"] {
-        let name = HashableValue::String(key.to_string());
-        let (Some(Value::List(to)), Some(Value::List(add))) =
-            (target.get_mut(&name), source.remove(&name))
-        else {
-            continue;
-        };
-        if key == "segments" {
-            to.extend(add);
-            continue;
-        }
-        // A device's list is the last of its `device_traces`; earlier ones are empty.
-        let device = add.len().saturating_sub(1);
-        if let Some(trace) = add.into_iter().next_back() {
-            to.resize_with(to.len().max(device + 1), || Value::List(Vec::new()));
-            to[device] = trace;
-        }
-    }
-    into
 }
