@@ -163,7 +163,11 @@ pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputEr
         device,
         ..ReadLimits::default()
     };
-    let (recording, device) = match Workload::open(path, &limits) {
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    let bar = crate::progress::reading(size, &path.display().to_string());
+    let opened = Workload::open_with(path, &limits, &|read| bar.set_position(read));
+    bar.finish_and_clear();
+    let (recording, device) = match opened {
         Ok(workload) => {
             let device = workload.recorded_device()?;
             (workload.recording, device)
@@ -214,7 +218,12 @@ pub(crate) fn replay(
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;
     let device = Device::Simulated { capacity };
-    let replayed = replay::replay_on(&loaded.plan, config, device, observer, &mut |_| {})?;
+    let bar = crate::progress::bar(loaded.plan.ops.len() as u64, "replay");
+    let replayed = replay::replay_on(&loaded.plan, config, device, observer, &mut |done| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    let replayed = replayed?;
     print_first_oom(&replayed.report);
     Ok(Run {
         allocator: replayed.allocator,

@@ -8,6 +8,7 @@ mod parity;
 mod progress;
 mod replay;
 mod summary;
+mod synth;
 mod target;
 mod tune;
 mod view;
@@ -43,6 +44,9 @@ enum Cli {
     /// Replay a recording under many allocator settings, rank them, say the
     /// smallest device each leader needs, and print the setting to use.
     Tune(tune::Args),
+    /// Write a seeded random recording of any size (a trace CSV or a snapshot
+    /// pickle), for tests and benchmarks.
+    Synth(synth::Args),
 }
 
 /// Why a subcommand stopped.
@@ -67,9 +71,9 @@ pub(crate) enum CliError {
         /// Why.
         source: SnapshotIoError,
     },
-    /// A page it was asked for could not be written.
+    /// A file it was asked for (a page, a recording) could not be written.
     #[error("{path}: {source}")]
-    WritePage {
+    WriteFile {
         /// The output file.
         path: PathBuf,
         /// Why.
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Cli::Summary(args) => summary::run(&args, &mut out),
         Cli::View(args) => view::run(&args, &mut out),
         Cli::Tune(args) => tune::run(&args, &mut out),
+        Cli::Synth(args) => synth::run(&args, &mut out),
     };
     let flushed = out.flush().map_err(CliError::from);
     match result.and_then(|code| flushed.map(|()| code)) {

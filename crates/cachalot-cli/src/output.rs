@@ -53,6 +53,11 @@ impl<W: Write> Output<W> {
         Ok(())
     }
 
+    /// The writer itself, for output written in pieces (a CSV).
+    pub(crate) fn writer(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// Writes `text` as it is.
     pub(crate) fn text(&mut self, text: &str) -> Result<(), OutputError> {
         self.out.write_all(text.as_bytes())?;

@@ -18,6 +18,25 @@ pub(crate) fn bar(len: u64, label: &str) -> ProgressBar {
     counting(len, label, "ops")
 }
 
+/// A counter of the bytes of `name` read so far, with the time taken, for a
+/// file large enough to take seconds; hidden otherwise and when stdout is
+/// not a terminal.
+pub(crate) fn reading(size: u64, name: &str) -> ProgressBar {
+    if size < LONG_FILE || !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    let style = ProgressStyle::with_template("{spinner} reading {prefix}: {bytes} ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    bar.set_style(style);
+    bar.set_prefix(name.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    bar
+}
+
+/// Files smaller than this many bytes read too fast to need a counter.
+const LONG_FILE: u64 = 16 << 20;
+
 /// A bar for `len` steps of a search labelled `label`, drawn whenever stdout
 /// is a terminal.
 pub(crate) fn steps(len: u64, label: &str) -> ProgressBar {

@@ -38,7 +38,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
         subtitle: run.describe(),
     };
     let html = view::render(&timeline, &info);
-    std::fs::write(&args.output, html).map_err(|source| CliError::WritePage {
+    std::fs::write(&args.output, html).map_err(|source| CliError::WriteFile {
         path: args.output.clone(),
         source,
     })?;

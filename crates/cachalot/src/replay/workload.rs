@@ -8,7 +8,7 @@ use super::plan::RecordedDevice;
 use super::H100_CAPACITY;
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::trace::stats::{read_stats_path, RunStats};
-use crate::trace::{read_recording_path, ReadLimits, Recording, TraceError};
+use crate::trace::{read_recording_path_with, ReadLimits, Recording, TraceError};
 
 /// The file-name endings of recordings that may have a stats file beside them.
 const RECORDING_SUFFIXES: [&str; 4] = [
@@ -34,7 +34,20 @@ impl Workload {
     /// A [`TraceError`] from either file (a stats file that is absent is fine; one
     /// that is present must read).
     pub fn open(path: &Path, limits: &ReadLimits) -> Result<Workload, TraceError> {
-        let recording = read_recording_path(path, limits)?;
+        Workload::open_with(path, limits, &|_| {})
+    }
+
+    /// [`Workload::open`], telling `progress` the bytes of the recording read
+    /// so far (see [`read_recording_path_with`]).
+    ///
+    /// # Errors
+    /// As [`Workload::open`].
+    pub fn open_with(
+        path: &Path,
+        limits: &ReadLimits,
+        progress: &dyn Fn(u64),
+    ) -> Result<Workload, TraceError> {
+        let recording = read_recording_path_with(path, limits, progress)?;
         let stats = match stats_path_for(path).filter(|p| p.is_file()) {
             Some(p) => Some(read_stats_path(&p, limits)?),
             None => None,

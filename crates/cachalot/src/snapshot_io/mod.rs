@@ -134,20 +134,37 @@ impl SnapshotDump {
 }
 
 /// Creates `path` and fills it with `write`, gzip-compressed when its name ends
-/// in `.gz`.
-fn write_path(
+/// in `.gz` (the writes buffered before the compressor, which is slow on
+/// small ones, and the gzip stream finished with its errors reported).
+///
+/// # Errors
+/// I/O errors, and whatever `write` returns.
+pub fn write_path<T, E: From<std::io::Error>>(
     path: &Path,
-    write: impl FnOnce(&mut dyn Write) -> Result<(), SnapshotIoError>,
-) -> Result<(), SnapshotIoError> {
-    let file = BufWriter::new(File::create(path)?);
-    let mut out: Box<dyn Write> = if path.extension().is_some_and(|e| e == "gz") {
-        Box::new(GzEncoder::new(file, Compression::default()))
+    write: impl FnOnce(&mut dyn Write) -> Result<T, E>,
+) -> Result<T, E> {
+    let mut file = File::create(path)?;
+    let written = if path.extension().is_some_and(|e| e == "gz") {
+        let mut zipped = GzEncoder::new(BufWriter::new(&mut file), Compression::fast());
+        let written = {
+            let mut buffered = BufWriter::with_capacity(1 << 16, &mut zipped);
+            let written = write(&mut buffered)?;
+            buffered.flush()?;
+            written
+        };
+        zipped.finish()?.flush()?;
+        written
     } else {
-        Box::new(file)
+        let mut buffered = BufWriter::with_capacity(1 << 16, &mut file);
+        let written = write(&mut buffered)?;
+        buffered.flush()?;
+        written
     };
-    write(&mut out)?;
-    out.flush()?;
-    Ok(())
+    file.sync_data().or_else(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported => Ok(()),
+        _ => Err(e),
+    })?;
+    Ok(written)
 }
 
 /// Reads all of `path`, decompressing gzip (recognised by its magic bytes).

@@ -21,6 +21,7 @@
 pub mod csv;
 pub mod pickle;
 pub mod stats;
+pub mod synth;
 mod unpickle;
 
 use std::cell::Cell;
@@ -444,17 +445,41 @@ fn read_other(
     }
 }
 
-/// A file, decompressed, read from its start at each [`unpickle::Source::open`].
+/// A file, decompressed, read from its start at each [`unpickle::Source::open`],
+/// telling `progress` the bytes read from the file so far (over every pass).
 struct FileSource<'a> {
     path: &'a Path,
     limits: &'a ReadLimits,
+    read: Rc<Cell<u64>>,
+    progress: &'a dyn Fn(u64),
 }
 
 impl unpickle::Source for FileSource<'_> {
     fn open(&self) -> Result<Box<dyn BufRead + '_>, TraceError> {
         let file =
             File::open(self.path).map_err(|e| io_error(&self.path.display().to_string(), e))?;
-        decompressed(BufReader::new(file), self.limits)
+        let watched = Watched {
+            inner: file,
+            read: Rc::clone(&self.read),
+            progress: self.progress,
+        };
+        decompressed(BufReader::new(watched), self.limits)
+    }
+}
+
+/// A reader that tells `progress` the bytes read so far.
+struct Watched<'a, R> {
+    inner: R,
+    read: Rc<Cell<u64>>,
+    progress: &'a dyn Fn(u64),
+}
+
+impl<R: Read> Read for Watched<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        (self.progress)(self.read.get());
+        Ok(n)
     }
 }
 
@@ -465,7 +490,26 @@ impl unpickle::Source for FileSource<'_> {
 /// # Errors
 /// [`TraceError::Io`] when the file cannot be opened; otherwise as [`read_recording`].
 pub fn read_recording_path(path: &Path, limits: &ReadLimits) -> Result<Recording, TraceError> {
-    let source = FileSource { path, limits };
+    read_recording_path_with(path, limits, &|_| {})
+}
+
+/// [`read_recording_path`], telling `progress` how many bytes of the file
+/// it has read so far, counted over every pass (a snapshot pickle is read
+/// twice), as it goes.
+///
+/// # Errors
+/// As [`read_recording_path`].
+pub fn read_recording_path_with(
+    path: &Path,
+    limits: &ReadLimits,
+    progress: &dyn Fn(u64),
+) -> Result<Recording, TraceError> {
+    let source = FileSource {
+        path,
+        limits,
+        read: Rc::new(Cell::new(0)),
+        progress,
+    };
     let mut input = unpickle::Source::open(&source)?;
     match detect(&mut input)? {
         TraceFormat::Pickle => {

@@ -227,14 +227,22 @@ impl Source for &[u8] {
     }
 }
 
-/// A reader of opcodes and their arguments, counting its offset.
+/// A reader of opcodes and their arguments, counting its offset. It keeps
+/// its own window of the input, so reading an opcode is a slice access.
 struct Reader<'r> {
     input: Box<dyn BufRead + 'r>,
+    /// The window: `window[start..end]` is read and not yet consumed.
+    window: Vec<u8>,
+    start: usize,
+    end: usize,
     pos: u64,
     /// Offset of the opcode being run, for errors.
     at: u64,
     buf: Vec<u8>,
 }
+
+/// Bytes read from the input at a time.
+const WINDOW: usize = 1 << 18;
 
 /// An opcode's argument.
 enum Arg {
@@ -247,7 +255,7 @@ enum Arg {
     Text,
 }
 
-impl Reader<'_> {
+impl<'r> Reader<'r> {
     fn fail<T>(&self, reason: impl Into<String>) -> Result<T, TraceError> {
         Err(TraceError::Pickle {
             offset: self.at,
@@ -255,37 +263,86 @@ impl Reader<'_> {
         })
     }
 
+    fn new(input: Box<dyn BufRead + 'r>) -> Reader<'r> {
+        Reader {
+            input,
+            window: vec![0; WINDOW],
+            start: 0,
+            end: 0,
+            pos: 0,
+            at: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Refills the window; `false` at the end of the input.
+    fn refill(&mut self) -> Result<bool, TraceError> {
+        loop {
+            match std::io::Read::read(&mut self.input, &mut self.window) {
+                Ok(n) => {
+                    self.start = 0;
+                    self.end = n;
+                    return Ok(n > 0);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(match io_error("snapshot pickle", e) {
+                        TraceError::Io { source, .. } => TraceError::Pickle {
+                            offset: self.pos,
+                            reason: format!("read failed: {source}"),
+                        },
+                        other => other,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Reads the next `n` bytes into `self.buf`.
     fn read_into_buf(&mut self, n: u64) -> Result<(), TraceError> {
         self.buf.clear();
-        let read =
-            std::io::Read::read_to_end(&mut std::io::Read::take(&mut self.input, n), &mut self.buf)
-                .map_err(|e| match io_error("snapshot pickle", e) {
-                    TraceError::Io { source, .. } => TraceError::Pickle {
-                        offset: self.pos,
-                        reason: format!("read failed: {source}"),
-                    },
-                    other => other,
-                })?;
-        self.pos += read as u64;
-        if (read as u64) < n {
-            return self.fail(format!("truncated: needs {n} bytes, {read} left"));
+        let mut left = n;
+        while left > 0 {
+            if self.start == self.end && !self.refill()? {
+                let read = n - left;
+                return self.fail(format!("truncated: needs {n} bytes, {read} left"));
+            }
+            let avail = self.end - self.start;
+            let take = avail.min(usize::try_from(left).unwrap_or(usize::MAX));
+            self.buf
+                .extend_from_slice(&self.window[self.start..self.start + take]);
+            self.start += take;
+            self.pos += take as u64;
+            left -= take as u64;
         }
         Ok(())
     }
 
+    /// The next byte.
+    #[inline]
+    fn byte(&mut self) -> Result<u8, TraceError> {
+        if self.start == self.end && !self.refill()? {
+            return self.fail("truncated: needs 1 byte, 0 left");
+        }
+        let b = self.window[self.start];
+        self.start += 1;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    /// A little-endian unsigned integer of `width` bytes (at most 8).
     fn uint(&mut self, width: u64) -> Result<u64, TraceError> {
-        self.read_into_buf(width)?;
-        Ok(self
-            .buf
-            .iter()
-            .rev()
-            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
+        let mut n = 0u64;
+        for i in 0..width {
+            n |= u64::from(self.byte()?) << (8 * i);
+        }
+        Ok(n)
     }
 
     /// The next opcode, or a truncation error at the end.
     fn opcode(&mut self) -> Result<u8, TraceError> {
         self.at = self.pos;
-        Ok(self.uint(1)? as u8)
+        self.byte()
     }
 
     /// The argument of `code`, read from the input.
@@ -417,12 +474,7 @@ impl Fetched {
 /// [`TraceError::Pickle`] for an opcode that is not plain data, a truncated
 /// input, or a fetch of a memo entry not stored.
 pub(crate) fn fetched_memo_ids(source: &dyn Source) -> Result<Fetched, TraceError> {
-    let mut reader = Reader {
-        input: source.open()?,
-        pos: 0,
-        at: 0,
-        buf: Vec::new(),
-    };
+    let mut reader = Reader::new(source.open()?);
     let mut ids = MemoIds::default();
     let mut fetched = Fetched(Vec::new());
     loop {
@@ -471,12 +523,7 @@ pub(crate) fn decode(
     limits: &ReadLimits,
 ) -> Result<Value, TraceError> {
     let mut machine = Machine {
-        reader: Reader {
-            input: source.open()?,
-            pos: 0,
-            at: 0,
-            buf: Vec::new(),
-        },
+        reader: Reader::new(source.open()?),
         limits,
         stack: Vec::new(),
         marks: Vec::new(),
@@ -684,9 +731,11 @@ impl Machine<'_, '_> {
             }
             if let Value::Dict(d) = &item {
                 if d.get("action").is_some() {
+                    let converted = trace_entry(d);
+                    self.drop_value(item);
                     let mut events = target.events.borrow_mut();
                     let index = events.events.len() + events.skipped;
-                    match trace_entry(d) {
+                    match converted {
                         Ok(Some(e)) => events.events.push(e),
                         Ok(None) => events.skipped += 1,
                         Err((field, reason)) => {
