@@ -28,6 +28,17 @@ impl CallCounts {
         *n
     }
 
+    /// The calls made since `earlier` (counts taken from the same counter).
+    pub fn since(&self, earlier: &CallCounts) -> CallCounts {
+        let calls = self
+            .calls
+            .iter()
+            .map(|(k, n)| (*k, n.saturating_sub(earlier.count(*k))))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        CallCounts { calls }
+    }
+
     /// Costly memory calls (see [`CallKind::is_memory_call`]).
     pub fn memory_calls(&self) -> u64 {
         self.calls

@@ -35,7 +35,7 @@ pub use plan::{plan, plan_routed, Inconsistency, Inferred, Op, Plan, PlanError, 
 pub use workload::Workload;
 
 use crate::allocator::{self, DeviceAllocator};
-use crate::backend::counting::Counting;
+use crate::backend::counting::{CallCounts, Counting};
 use crate::backend::recorded::RecordedAddresses;
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, DevicePtr};
@@ -356,42 +356,66 @@ impl Run<'_> {
         self.allocator.set_observer(Some(log.clone()));
         let start = Instant::now();
         let clock = log.clock.as_ref().map(|c| (c, plan.times_us.as_slice()));
-        let result = self.all_passes(progress, clock, false);
+        let mut setup_calls = CallCounts::default();
+        let result = self.all_passes(progress, clock, false, &mut || {
+            log.sizes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            setup_calls = self.counting.counts();
+        });
         let elapsed = start.elapsed();
         self.allocator.set_observer(None);
         let (tally, passes) = result?;
         let segment_sizes =
             std::mem::take(&mut *log.sizes.lock().unwrap_or_else(|e| e.into_inner()));
-        Ok(self.report(tally, passes, segment_sizes, elapsed))
+        let calls = self.counting.counts().since(&setup_calls);
+        Ok(self.report(tally, passes, segment_sizes, &calls, elapsed))
     }
 
     /// Every pass, each but the last followed by freeing what it left
     /// allocated; the calls made and each pass's figures. `clock` and
-    /// `stop_at_oom` as [`drive`] takes them; with `stop_at_oom`, no pass
-    /// follows the one that ran out of memory.
+    /// `stop_at_oom` as [`Driver`] takes them; with `stop_at_oom`, no pass
+    /// follows the one that ran out of memory. Once the first pass's setup
+    /// ops ([`Plan::setup_ops`]) are done, the peaks and counts start again
+    /// (out-of-memory failures aside) and `after_setup` is called.
     fn all_passes(
         &self,
         progress: &mut dyn FnMut(usize),
         clock: Option<(&AtomicU64, &[u64])>,
         stop_at_oom: bool,
+        after_setup: &mut dyn FnMut(),
     ) -> Result<(Tally, Vec<PassReport>), ReplayError> {
         let (plan, allocator) = (self.plan, self.allocator);
         let mut ptrs: Vec<DevicePtr> = vec![0; plan.slots];
         let mut tally = Tally::default();
         let mut passes = Vec::with_capacity(self.passes);
         for pass in 0..self.passes {
-            let calls_before = self.counting.counts().memory_calls();
+            let mut calls_before = self.counting.counts().memory_calls();
             let done = pass * plan.ops.len();
             let mut offset = |i: usize| progress(done + i);
-            drive(
+            let mut driver = Driver {
                 plan,
                 allocator,
-                &mut ptrs,
-                &mut tally,
-                &mut offset,
+                ptrs: &mut ptrs,
+                tally: &mut tally,
+                progress: &mut offset,
                 stop_at_oom,
                 clock,
-            )?;
+            };
+            driver.drive(0..plan.setup_ops)?;
+            if pass == 0 {
+                if plan.setup_ops > 0 {
+                    allocator.reset_peak_stats();
+                    *driver.tally = Tally {
+                        ooms: driver.tally.ooms,
+                        first_oom: driver.tally.first_oom.take(),
+                        ..Tally::default()
+                    };
+                }
+                after_setup();
+                calls_before = self.counting.counts().memory_calls();
+            }
+            if !(stop_at_oom && driver.tally.ooms > 0) {
+                driver.drive(plan.setup_ops..plan.ops.len())?;
+            }
             let stats = allocator.stats();
             passes.push(PassReport {
                 driver_calls: self.counting.counts().memory_calls() - calls_before,
@@ -414,11 +438,11 @@ impl Run<'_> {
         tally: Tally,
         passes: Vec<PassReport>,
         segment_sizes: Vec<u64>,
+        counters: &CallCounts,
         elapsed: std::time::Duration,
     ) -> ReplayReport {
         let (allocator, counting) = (self.allocator, self.counting);
         let stats = allocator.stats();
-        let counters = counting.counts();
         let peak = |stat: &Stat| u64::try_from(stat.peak).unwrap_or(0);
         let events = self.plan.events * self.passes;
         ReplayReport {
@@ -488,7 +512,7 @@ pub fn fits(
         counting: &counting,
         passes: passes.get(),
     };
-    Ok(run.all_passes(&mut |_| {}, None, true)?.0.ooms == 0)
+    Ok(run.all_passes(&mut |_| {}, None, true, &mut || {})?.0.ooms == 0)
 }
 
 /// One pass of the replay loop, counting into `tally`; `ptrs` holds each
@@ -496,77 +520,89 @@ pub fn fits(
 /// whose free is then a no-op, as freeing the null address is). With
 /// `stop_at_oom`, it ends at the first allocation that runs out of memory;
 /// with a `clock`, it sets it to each op's recorded time before the op.
-fn drive(
-    plan: &Plan,
-    allocator: &dyn DeviceAllocator,
-    ptrs: &mut [DevicePtr],
-    tally: &mut Tally,
-    progress: &mut dyn FnMut(usize),
+struct Driver<'a> {
+    plan: &'a Plan,
+    allocator: &'a dyn DeviceAllocator,
+    ptrs: &'a mut [DevicePtr],
+    tally: &'a mut Tally,
+    progress: &'a mut dyn FnMut(usize),
     stop_at_oom: bool,
-    clock: Option<(&AtomicU64, &[u64])>,
-) -> Result<(), ReplayError> {
-    for (i, op) in plan.ops.iter().enumerate() {
-        if i % PROGRESS_EVERY == 0 && i > 0 {
-            progress(i);
-        }
-        if let Some((clock, times)) = clock {
-            clock.store(times[i], Ordering::Relaxed);
-        }
-        let fail = |source: Error| ReplayError::Allocator { op: i, source };
-        let bad_slot = |slot: u32| ReplayError::BadSlot {
-            op: i,
-            slot,
-            slots: plan.slots,
-        };
-        match *op {
-            Op::Alloc { slot, size, stream } => {
-                let entry = ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?;
-                match allocator.malloc(size, stream) {
-                    Ok(ptr) => {
-                        *entry = ptr;
-                        tally.allocs += 1;
-                    }
-                    Err(Error::OutOfMemory(report)) => {
-                        tally.ooms += 1;
-                        if tally.first_oom.is_none() {
-                            let breakdown = allocator.oom_breakdown();
-                            tally.first_oom = Some(report.with_breakdown(breakdown));
+    clock: Option<(&'a AtomicU64, &'a [u64])>,
+}
+
+impl Driver<'_> {
+    /// Runs the plan's ops in `ops` (a range of indices).
+    fn drive(&mut self, ops: std::ops::Range<usize>) -> Result<(), ReplayError> {
+        let (plan, allocator) = (self.plan, self.allocator);
+        let (ptrs, tally, stop_at_oom) = (&mut *self.ptrs, &mut *self.tally, self.stop_at_oom);
+        let progress = &mut *self.progress;
+        let end = ops.end;
+        for (i, op) in plan.ops[ops.clone()].iter().enumerate() {
+            let i = ops.start + i;
+            if i.is_multiple_of(PROGRESS_EVERY) && i > 0 {
+                progress(i);
+            }
+            if let Some((clock, times)) = self.clock {
+                clock.store(times[i], Ordering::Relaxed);
+            }
+            let fail = |source: Error| ReplayError::Allocator { op: i, source };
+            let bad_slot = |slot: u32| ReplayError::BadSlot {
+                op: i,
+                slot,
+                slots: plan.slots,
+            };
+            match *op {
+                Op::Alloc { slot, size, stream } => {
+                    let entry = ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?;
+                    match allocator.malloc(size, stream) {
+                        Ok(ptr) => {
+                            *entry = ptr;
+                            tally.allocs += 1;
                         }
-                        if stop_at_oom {
-                            return Ok(());
+                        Err(Error::OutOfMemory(report)) => {
+                            tally.ooms += 1;
+                            if tally.first_oom.is_none() {
+                                let breakdown = allocator.oom_breakdown();
+                                tally.first_oom = Some(report.with_breakdown(breakdown));
+                            }
+                            if stop_at_oom {
+                                return Ok(());
+                            }
                         }
+                        Err(e) => return Err(fail(e)),
                     }
-                    Err(e) => return Err(fail(e)),
                 }
-            }
-            Op::Free { slot } => {
-                let ptr =
-                    std::mem::take(ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?);
-                if ptr != 0 {
-                    allocator.free(ptr).map_err(fail)?;
-                    tally.frees += 1;
+                Op::Free { slot } => {
+                    let ptr =
+                        std::mem::take(ptrs.get_mut(slot as usize).ok_or_else(|| bad_slot(slot))?);
+                    if ptr != 0 {
+                        allocator.free(ptr).map_err(fail)?;
+                        tally.frees += 1;
+                    }
                 }
-            }
-            Op::EmptyCache => {
-                allocator.empty_cache().map_err(fail)?;
-                tally.empty_caches += 1;
-            }
-            Op::EnterPool { pool } => {
-                if allocator.pool_use_count(pool) == 0 {
-                    allocator.create_pool(pool).map_err(fail)?;
+                Op::EmptyCache => {
+                    allocator.empty_cache().map_err(fail)?;
+                    tally.empty_caches += 1;
                 }
-                allocator
-                    .begin_allocate_to_pool(pool, Arc::new(|_| true))
-                    .map_err(fail)?;
-            }
-            Op::LeavePool { pool } => {
-                allocator.end_allocate_to_pool(pool).map_err(fail)?;
-                allocator.release_pool(pool).map_err(fail)?;
+                Op::EnterPool { pool } => {
+                    if allocator.pool_use_count(pool) == 0 {
+                        allocator.create_pool(pool).map_err(fail)?;
+                    }
+                    allocator
+                        .begin_allocate_to_pool(pool, Arc::new(|_| true))
+                        .map_err(fail)?;
+                }
+                Op::LeavePool { pool } => {
+                    allocator.end_allocate_to_pool(pool).map_err(fail)?;
+                    allocator.release_pool(pool).map_err(fail)?;
+                }
             }
         }
+        if end == plan.ops.len() {
+            progress(end);
+        }
+        Ok(())
     }
-    progress(plan.ops.len());
-    Ok(())
 }
 
 /// Hand-built plans for the tests of the replay and of what builds on it.

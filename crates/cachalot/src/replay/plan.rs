@@ -34,7 +34,9 @@
 //!   existed before the first event (the snapshot's, less those the events
 //!   created, plus those they released) are reserved before anything else:
 //!   each one's size is allocated on its stream and pool, and freed once all
-//!   are, so the cache holds them when the first event is replayed.
+//!   are, so the cache holds them when the first event is replayed. These
+//!   ops are the plan's setup ([`Plan::setup_ops`]): a replay's peaks and
+//!   counts start after them.
 //! * A snapshot names the private pool (CUDA graph, MemPool) of each segment it
 //!   lists. An allocation made in such a segment after the segment's last
 //!   recorded `segment_alloc`/`segment_map` (or anywhere in it, when the
@@ -192,6 +194,11 @@ pub struct Plan {
     pub recorded_segment_allocs: Vec<(u64, u64)>,
     /// The allocations the recording implies but does not show.
     pub inferred: Inferred,
+    /// How many of the first ops set up the state before the first event
+    /// (the segments reserved, the allocations made before it): a replay
+    /// counts what the recording did from the op after them, its peaks
+    /// and counts starting there.
+    pub setup_ops: usize,
 }
 
 /// The allocations a recording implies but does not show (see the module
@@ -205,10 +212,12 @@ pub struct Inferred {
     /// Allocations made before the first event and never freed, known from
     /// the snapshot's blocks.
     pub from_blocks: u64,
+    /// The bytes requested by the allocations made before the first event.
+    pub bytes: u64,
     /// Allocations made after the last event, known from the snapshot's blocks.
     pub after_last: u64,
-    /// The bytes requested by all of them.
-    pub bytes: u64,
+    /// The bytes requested by them.
+    pub after_last_bytes: u64,
     /// Segments that existed before the first event, reserved first.
     pub segments: u64,
     /// Their bytes.
@@ -228,38 +237,47 @@ impl Inferred {
 
     /// One sentence on what was inferred, or `None` when nothing was.
     pub fn describe(&self) -> Option<String> {
-        if self.is_empty() {
-            return None;
-        }
-        let mut parts = Vec::new();
-        if self.before_first() > 0 {
-            parts.push(format!(
-                "{} allocations made before its first event ({} known from their frees, \
-                 {} from the snapshot's blocks) are allocated first",
-                self.before_first(),
-                self.from_frees,
-                self.from_blocks
+        use crate::error::format_size;
+        let mut before = Vec::new();
+        if self.segments > 0 {
+            before.push(format!(
+                "{} segments of {} reserved",
+                self.segments,
+                format_size(self.segment_bytes)
             ));
         }
-        if self.segments > 0 {
+        if self.before_first() > 0 {
+            let mut known = Vec::new();
+            if self.from_frees > 0 {
+                known.push(format!("{} known from their frees", self.from_frees));
+            }
+            if self.from_blocks > 0 {
+                known.push(format!("{} from the snapshot's blocks", self.from_blocks));
+            }
+            before.push(format!(
+                "{} allocations of {} made: {}",
+                self.before_first(),
+                format_size(self.bytes),
+                known.join(", ")
+            ));
+        }
+        let mut parts = Vec::new();
+        if !before.is_empty() {
             parts.push(format!(
-                "{} segments ({}) that existed before its first event are reserved first",
-                self.segments,
-                crate::error::format_size(self.segment_bytes)
+                "the recording starts mid-run: it is replayed from the state before its first \
+                 event ({}), and its figures count from there",
+                before.join("; ")
             ));
         }
         if self.after_last > 0 {
             parts.push(format!(
-                "{} allocations the snapshot holds that were made after its last event \
-                 are allocated last",
-                self.after_last
+                "its snapshot holds {} allocations ({}) made after its last event, which are \
+                 made last",
+                self.after_last,
+                format_size(self.after_last_bytes)
             ));
         }
-        Some(format!(
-            "the recording starts mid-run or ends before its snapshot: {} ({} requested)",
-            parts.join("; "),
-            crate::error::format_size(self.bytes)
-        ))
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
 
@@ -324,8 +342,9 @@ pub fn plan_routed(
     let recorded_segment_allocs = std::mem::take(&mut builder.segment_allocs);
     let inferred = builder.inferred;
     let first_time = events.first().map_or(0, |e| e.time_us);
-    let (ops, times_us) = builder.kept_ops(first_time);
+    let (ops, times_us, setup_ops) = builder.kept_ops(first_time);
     Ok(Plan {
+        setup_ops,
         ops,
         times_us,
         slots,
@@ -433,7 +452,7 @@ impl Builder {
     /// The ops and their times: the allocations made before the first event
     /// (at `first_time`), then the events' ops without the request-time frees
     /// that a completion superseded.
-    fn kept_ops(mut self, first_time: u64) -> (Vec<Op>, Vec<u64>) {
+    fn kept_ops(mut self, first_time: u64) -> (Vec<Op>, Vec<u64>, usize) {
         self.earlier.sort_unstable_by_key(|e| e.addr);
         let mut ops = Vec::with_capacity(self.ops.len() + self.earlier.len());
         for e in self.reservations.iter().chain(&self.earlier) {
@@ -450,7 +469,8 @@ impl Builder {
                 ops.extend(self.reservations.iter().map(|r| Op::Free { slot: r.slot }));
             }
         }
-        let mut times = vec![first_time; ops.len()];
+        let setup = ops.len();
+        let mut times = vec![first_time; setup];
         self.blanked.sort_unstable();
         let mut blanked = self.blanked.into_iter().peekable();
         for (i, pair) in self.ops.into_iter().zip(self.times_us).enumerate() {
@@ -459,7 +479,7 @@ impl Builder {
                 times.push(pair.1);
             }
         }
-        (ops, times)
+        (ops, times, setup)
     }
 
     /// The segments that existed before the first of `events`: those of
@@ -574,7 +594,7 @@ impl Builder {
                 continue;
             }
             self.inferred.after_last += 1;
-            self.inferred.bytes = self.inferred.bytes.saturating_add(size);
+            self.inferred.after_last_bytes = self.inferred.after_last_bytes.saturating_add(size);
             let e = TraceEvent {
                 time_us: last_time,
                 action: Action::Alloc,
@@ -877,8 +897,9 @@ mod tests {
             Inferred {
                 from_frees: 3,
                 from_blocks: 0,
-                after_last: 0,
                 bytes: 896,
+                after_last: 0,
+                after_last_bytes: 0,
                 segments: 0,
                 segment_bytes: 0,
             }
@@ -928,8 +949,9 @@ mod tests {
             Inferred {
                 from_frees: 0,
                 from_blocks: 2,
+                bytes: 100 + 512,
                 after_last: 1,
-                bytes: 100 + 512 + 300,
+                after_last_bytes: 300,
                 segments: 2,
                 segment_bytes: 4 << 20,
             }
