@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
-use crate::config::{AllocatorConfig, PolicyKind};
+use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
@@ -22,8 +22,17 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// The policy this allocator implements.
     fn policy(&self) -> PolicyKind;
 
-    /// Its configuration.
+    /// Its configuration when it was created.
     fn config(&self) -> &AllocatorConfig;
+
+    /// Puts the settings a program changes while it runs in force from the
+    /// next call on, as PyTorch reads its settings at each call
+    /// (`torch.cuda.memory._set_allocator_settings`). Blocks and segments
+    /// already made keep their sizes. The default takes them and uses none:
+    /// the cachalot policy has no such rules (it always maps pages).
+    fn set_placement_settings(&self, settings: &PlacementSettings) {
+        let _ = settings;
+    }
 
     /// The backend it draws memory from.
     fn backend(&self) -> &Arc<dyn Backend>;

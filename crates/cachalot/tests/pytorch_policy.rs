@@ -194,3 +194,43 @@ fn emptying_one_pool_waits_only_for_its_blocks() {
     a.validate().unwrap();
     assert_eq!(a.memory_reserved(), 0);
 }
+
+#[test]
+fn settings_changed_at_run_time_apply_from_the_next_call() {
+    let (_, a) = make("", 8 << 30);
+    let allocated = |a: &PytorchAllocator| a.stats().allocated_bytes.all.current as u64;
+    let x = a.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(allocated(&a), 84 * MIB);
+    let mut settings = a.config().placement_settings();
+    settings.roundup_power2_divisions = [4; 16];
+    a.set_placement_settings(&settings);
+    let y = a.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(
+        allocated(&a),
+        84 * MIB + 96 * MIB,
+        "64 MiB to 128 MiB in steps of 16"
+    );
+    settings.expandable_segments = true;
+    settings.max_split_size = Some(40 * MIB);
+    a.set_placement_settings(&settings);
+    let z = a.malloc(30 * MIB, S0).unwrap();
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.iter().filter(|s| s.is_expandable).count(), 1);
+    assert_eq!(snap.segments.iter().filter(|s| !s.is_expandable).count(), 2);
+    let st = a.stats();
+    assert_eq!(st.max_split_size, 40 * MIB as i64);
+    assert_eq!(
+        st.oversize_allocations.current, 2,
+        "x and y, counted under the new limit"
+    );
+    a.validate().unwrap();
+    settings = AllocatorConfig::default().placement_settings();
+    a.set_placement_settings(&settings);
+    for p in [x, y, z] {
+        a.free(p).unwrap();
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    assert_eq!(a.stats().max_split_size, -1);
+    a.validate().unwrap();
+}

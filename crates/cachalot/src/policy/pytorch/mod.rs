@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::config::{AllocatorConfig, PolicyKind};
+use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
@@ -118,6 +118,11 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    fn set_placement_settings(&self, settings: &PlacementSettings) {
+        self.lock()
+            .set_placement(&self.config.with_placement_settings(settings));
     }
 
     fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {
