@@ -18,6 +18,7 @@
 //!   guard    catch_unwind at every entry point; errors become the last error
 //!   ipc      CUDA IPC: handles of live allocations, handles of other processes
 //!   report   summaries, history recording, snapshot pickles over the registry
+//!   settings PyTorch's run-time settings (`_set_allocator_settings`)
 //!   registry one DeviceAllocator per device, created on first use
 //!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
@@ -45,6 +46,7 @@ pub mod ipc;
 pub mod pools;
 pub mod registry;
 pub mod report;
+pub mod settings;
 pub mod streams;
 
 pub use error::{PluginError, PluginResult};

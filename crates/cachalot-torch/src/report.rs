@@ -61,7 +61,7 @@ pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
     }
     let value = merged.unwrap_or_else(|| {
         pickle::to_value(&SnapshotDump {
-            config: registry.config().clone(),
+            config: registry.config(),
             ..SnapshotDump::default()
         })
     });
