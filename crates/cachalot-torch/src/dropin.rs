@@ -420,6 +420,8 @@ pub struct TraceRow {
     pub stream: u64,
     /// Microseconds since the Unix epoch.
     pub time_unix_us: u64,
+    /// The tag of the call that caused it (`cachalot_set_event_tag`; 0: none).
+    pub tag: u64,
 }
 
 /// Every device's segments, blocks and recorded events, owned by the library

@@ -22,6 +22,7 @@
 //!   registry one DeviceAllocator per device, created on first use
 //!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
+//!   tags     recorded events tagged with the C++ side's call ids
 //!   device   opens a device: CUDA backend + the configured policy
 //! ```
 //!
@@ -48,6 +49,7 @@ pub mod registry;
 pub mod report;
 pub mod settings;
 pub mod streams;
+pub mod tags;
 
 pub use error::{PluginError, PluginResult};
 pub use registry::Registry;

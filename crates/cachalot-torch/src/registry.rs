@@ -20,6 +20,7 @@ use cachalot::{AllocatorConfig, DeviceAllocator, DevicePtr, Error, StreamId};
 
 use crate::error::{PluginError, PluginResult};
 use crate::streams::{KnownStreams, StreamRegistrar};
+use crate::tags::Tagged;
 
 /// The highest number of devices the registry serves (ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;
@@ -85,7 +86,7 @@ impl Recording {
     fn start(&mut self, device: usize, allocator: &Arc<dyn DeviceAllocator>) {
         if let Some(config) = &self.config {
             let history = Arc::new(History::new(config.clone()));
-            allocator.set_observer(Some(history.clone()));
+            allocator.set_observer(Some(Arc::new(Tagged(history.clone()))));
             self.devices.insert(device, history);
         }
     }

@@ -120,6 +120,7 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
                 size: r.event.size,
                 stream: r.event.stream.0,
                 time_unix_us: opened.saturating_add(r.event.time_us),
+                tag: r.tag,
             }
         }));
     }
