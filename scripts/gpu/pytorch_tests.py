@@ -11,7 +11,11 @@ the tests left. Prints a table of every test with its result per configuration
 (pass, fail, skip, xfail, crash, hang) and writes it as JSON and markdown.
 
 Usage: pytorch_tests.py TEST_DIR [--configs native,pytorch,cachalot]
-       [--only REGEX] [--budget SECONDS] [--json FILE] [--markdown FILE]
+       [--only REGEX] [--budget SECONDS] [--reuse JSON] [--json FILE] [--markdown FILE]
+
+--reuse takes the results of the configurations not run now from an earlier
+run's JSON (the same machine and torch: native's results do not change with
+cachalot's code).
 
 The tests: TestCuda's memory, out-of-memory, fraction, stream, pinned,
 caching-allocator and CUDA graph tests (by name), and every test of
@@ -178,12 +182,16 @@ def main():
     ap.add_argument("--configs", default="native,pytorch,cachalot")
     ap.add_argument("--only", help="a regex: run only the selected tests whose id it matches")
     ap.add_argument("--budget", type=float, default=200.0, help="seconds per configuration")
+    ap.add_argument("--reuse", type=Path, help="an earlier run's JSON: its results for configurations not run now")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
-    configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
+    run = [c for c in args.configs.split(",") if c]
+    earlier = json.loads(args.reuse.read_text())["tests"] if args.reuse else {}
+    reused = sorted({c for row in earlier.values() for c in row} - set(run), key=list(CONFIGS).index)
+    configs = [c for c in CONFIGS if c in run or c in reused]
+    unknown = [c for c in run if c not in CONFIGS]
     if unknown:
         sys.exit(f"pytorch_tests.py: unknown configuration {unknown}; known: {', '.join(CONFIGS)}")
     test_dir = args.test_dir.resolve()
@@ -191,9 +199,10 @@ def main():
     if args.only:
         tests = [t for t in tests if re.search(args.only, t)]
     print(f"{len(tests)} tests of {test_dir / 'test_cuda.py'}, configurations: {', '.join(configs)}", flush=True)
-    table = {t: {} for t in tests}
+    missing = {"outcome": "not run", "message": "not in the reused results"}
+    table = {t: {c: earlier.get(t, {}).get(c, missing) for c in reused} for t in tests}
     with tempfile.TemporaryDirectory(prefix="pttests-") as logs:
-        for name in configs:
+        for name in run:
             started = time.monotonic()
             results = run_config(args.python, test_dir, name, CONFIGS[name], tests, args.budget, logs)
             for test in tests:
