@@ -4,7 +4,11 @@ With PTTESTS_CACHALOT set, it makes cachalot PyTorch's CUDA allocator as
 pytest starts, before the test file is imported (PyTorch's test_cuda.py
 touches CUDA at import). With PTTESTS_LOG set, it appends one JSON line when a
 test starts and one when it ends, so that a process that dies loses only the
-test it was running: the runner records that one as a crash and carries on."""
+test it was running: the runner records that one as a crash and carries on.
+
+The test file may come from a PyTorch newer than the one installed: a name it
+imports that this torch's test helpers lack is given the meaning it has there
+(TEST_CUDAMALLOCASYNC, which later PyTorch moved into common_utils)."""
 
 import json
 import os
@@ -13,6 +17,18 @@ if os.environ.get("PTTESTS_CACHALOT"):
     import cachalot_torch
 
     cachalot_torch.use()
+
+
+def _newer_test_helpers():
+    import torch
+    from torch.testing._internal import common_utils
+
+    if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):
+        backend = torch.cuda.get_allocator_backend() if torch.cuda.is_available() else ""
+        common_utils.TEST_CUDAMALLOCASYNC = backend == "cudaMallocAsync"
+
+
+_newer_test_helpers()
 
 _LOG = os.environ.get("PTTESTS_LOG")
 _phases = {}

@@ -107,6 +107,19 @@ def crash_text(output):
     return output[at:at + 1200] if at >= 0 else output[-800:]
 
 
+def drop_build_locks(python):
+    """Removes the lock files a killed process left in torch's extension build
+    folders (tests build extensions with load_inline): the next process would
+    wait on them for ever. Nothing else builds meanwhile."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or subprocess.run(
+        [python, "-c", "from torch.utils import cpp_extension; print(cpp_extension.get_default_build_root())"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()
+    for pattern in ("*/lock", "*/*/lock") if root else ():
+        for lock in Path(root).glob(pattern):
+            lock.unlink(missing_ok=True)
+
+
 def run_once(python, test_dir, conf, tests, seconds, logs):
     """One pytest process over `tests`; the results it got to, and the exit code."""
     log = Path(tempfile.mkstemp(prefix="pttests-", suffix=".jsonl", dir=logs)[1])
@@ -117,6 +130,7 @@ def run_once(python, test_dir, conf, tests, seconds, logs):
         code, tail = proc.returncode, crash_text(proc.stdout + proc.stderr)
     except subprocess.TimeoutExpired as e:
         code, tail = "timeout", crash_text(str(e.stdout or ""))
+        drop_build_locks(python)
     started, ended = read_log(log)
     for test in started:
         if test not in ended:
@@ -181,7 +195,7 @@ def main():
     ap.add_argument("test_dir", type=Path, help="a PyTorch source tree's test folder (holding test_cuda.py)")
     ap.add_argument("--configs", default="native,pytorch,cachalot")
     ap.add_argument("--only", help="a regex: run only the selected tests whose id it matches")
-    ap.add_argument("--budget", type=float, default=200.0, help="seconds per configuration")
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds per configuration")
     ap.add_argument("--reuse", type=Path, help="an earlier run's JSON: its results for configurations not run now")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path)

@@ -13,7 +13,7 @@ use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
-use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -108,6 +108,22 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
     fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
+
+    /// Makes `source` give private pool `id`'s new segments
+    /// (`torch.cuda.MemPool(allocator=...)`); its segments never grow by
+    /// mapping pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool, or from a policy that serves private pools from its own memory
+    /// only (the cachalot policy: its pools are mapped pages).
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        let _ = (id, source);
+        Err(crate::Error::InvalidArgument(format!(
+            "the {} policy serves private pools from its own memory only",
+            self.policy()
+        )))
+    }
 
     /// Private pool `id`'s options.
     ///

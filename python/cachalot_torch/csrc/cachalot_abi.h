@@ -76,6 +76,15 @@ int cachalot_pool_begin(int, uint64_t, uint64_t, int (*)(void*, void*), void (*)
 int cachalot_pool_end(int, uint64_t, uint64_t, char**);
 int cachalot_pool_create(int, uint64_t, uint64_t, char**);
 int cachalot_pool_release(int, uint64_t, uint64_t, char**);
+int cachalot_pool_set_source(
+    int,
+    uint64_t,
+    uint64_t,
+    void* (*)(void*, size_t),
+    int (*)(void*, void*, size_t),
+    void (*)(void*),
+    void*,
+    char**);
 int cachalot_pool_use_count(int, uint64_t, uint64_t, int*, char**);
 int cachalot_pool_set_option(int, uint64_t, uint64_t, int, int, char**);
 int cachalot_pool_empty(int, uint64_t, uint64_t, char**);

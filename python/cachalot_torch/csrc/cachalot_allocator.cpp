@@ -77,14 +77,6 @@ void check(int status, char** message, const char* what) {
   }
 }
 
-[[noreturn]] void unsupported(const char* what) {
-  TORCH_CHECK(
-      false,
-      "cachalot does not support ",
-      what,
-      " yet. Run this program on PyTorch's own allocator meanwhile.");
-}
-
 // A private pool's state at a checkpoint: its live allocations.
 struct PoolCheckpoint : cca::AllocatorState {
   MempoolId_t pool{0, 0};
@@ -119,6 +111,33 @@ class RelaxedCapture {
 };
 
 void deleter(void* ptr);
+
+// A MemPool's own allocator (MemPool(allocator=...)), which gives the pool's
+// segments: the library calls it back for them, and releases it once the
+// pool and its last segment are gone (until then it outlives the Python
+// object, as in PyTorch).
+struct PoolSource {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
+
+  static void* allocate(void* ctx, size_t size) noexcept {
+    try {
+      return static_cast<PoolSource*>(ctx)->allocator->raw_alloc(size);
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  static int free(void* ctx, void* ptr, size_t) noexcept {
+    try {
+      static_cast<PoolSource*>(ctx)->allocator->raw_delete(ptr);
+      return 0;
+    } catch (...) {
+      return 1;
+    }
+  }
+  static void drop(void* ctx) noexcept {
+    delete static_cast<PoolSource*>(ctx);
+  }
+};
 
 class CachalotAllocator final : public cca::CUDAAllocator {
  public:
@@ -525,11 +544,21 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       c10::DeviceIndex device,
       MempoolId_t id,
       std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    if (allocator) {
-      unsupported("a MemPool with an allocator of its own (MemPool(allocator=...))");
-    }
     char* message = nullptr;
     check(cachalot_pool_create(device, id.first, id.second, &message), &message, "createOrIncrefPool");
+    if (allocator) {
+      // The library owns the source from here on, and drops it on failure too.
+      auto* source = new PoolSource{std::move(allocator)};
+      int status = cachalot_pool_set_source(
+          device, id.first, id.second, &PoolSource::allocate, &PoolSource::free, &PoolSource::drop, source, &message);
+      if (status != kOk) {
+        char* ignored = nullptr;
+        if (cachalot_pool_release(device, id.first, id.second, &ignored) != kOk) {
+          take(ignored);
+        }
+        check(status, &message, "MemPool(allocator=...)");
+      }
+    }
   }
 
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {

@@ -48,7 +48,7 @@ use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
-use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -172,6 +172,10 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
         self.lock().book.set_options(id, options)
+    }
+
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        self.lock().book.set_source(id, source)
     }
 
     fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {
