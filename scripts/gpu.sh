@@ -17,8 +17,11 @@
 # multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
 # more (DIST_NPROC=1 runs it with one rank) and a call of its own; ONLY=pttests
 # runs PyTorch's own CUDA memory tests natively and under both policies
-# (PT_TESTS: the test folder of a PyTorch source tree of the machine's torch;
-# about 8 minutes on an H200), a call of its own too.
+# (PT_TESTS: the test folder of a PyTorch source tree of the machine's torch,
+# PT_WHEELS a folder with expecttest's wheel; up to 4 minutes per
+# configuration on an H200, so two calls: PT_ARGS="--configs native", then
+# PT_ARGS="--configs pytorch,cachalot --reuse FILE" with the first call's
+# pttests.json carried back as FILE).
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
 bin=${1:-gpu-bin/cuda}
