@@ -15,7 +15,7 @@ pip wheel --no-deps -w "$dest/torch" ./python
 # The one-process allocator bench dlopens the plain library.
 unzip -o -j -q "$dest"/torch/cachalot_torch-*.whl '*/libcachalot_torch.so' -d "$dest/torch"
 cp python/tests/*.py "$dest/torch/tests/"
-cp scripts/torch_bench.py scripts/torch_dist.py scripts/gpu/record_traces.py scripts/diffcheck.py scripts/tune_proof.py scripts/gpu-torch.sh "$dest/torch/scripts/"
+cp scripts/torch_bench.py scripts/torch_dist.py scripts/gpu/record_traces.py scripts/diffcheck.py scripts/tune_proof.py scripts/gpu/pytorch_tests.py scripts/gpu/pttests_plugin.py scripts/gpu-torch.sh "$dest/torch/scripts/"
 # `cachalot tune` for the tuner's proof.
 cargo build --release -p cachalot-cli
 strip -o "$dest/torch/cachalot" target/release/cachalot

@@ -5,7 +5,7 @@
 # `python -m cachalot_torch` (which compiles the C++ allocator), runs the
 # plug-in suite once per policy, then (unless --quick) the model benchmark and
 # the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows but the differential checker, in the
 #                environment --prepare made (gpu.sh runs the checker apart)
@@ -18,13 +18,21 @@
 #                device call), in that environment
 #   --dist       only the multi-GPU training (scripts/torch_dist.py, one rank per
 #                GPU, DIST_ARGS passed on), in the environment --prepare made
+#   --pttests    only PyTorch's own CUDA memory tests (scripts/pytorch_tests.py)
+#                natively and under both policies, in the environment --prepare made:
+#                PT_TESTS names a PyTorch source tree's test folder (that of
+#                the machine's torch), PT_WHEELS a folder of wheels the tests
+#                need that the machine lacks (expecttest), PT_ARGS more options
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
 status=0
 venv=/tmp/cachalot-venv
+# Folders given relative to where the script was started.
+tests=${PT_TESTS:+$(cd "$PT_TESTS" && pwd)}
+wheels=${PT_WHEELS:+$(cd "$PT_WHEELS" && pwd)}
 cd /tmp  # import the installed package, not a checkout's
 
 # What each mode runs, in this order: env (a fresh environment and the
@@ -39,7 +47,8 @@ case $mode in
   --models) steps="models" ;;
   --diff) steps="diff" ;;
   --dist) steps="dist" ;;
-  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff or --dist)" >&2
+  --pttests) steps="pttests" ;;
+  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff, --dist or --pttests)" >&2
      exit 2 ;;
 esac
 step() { [[ " $steps " == *" $1 "* ]]; }
@@ -80,5 +89,15 @@ if step dist; then
   # shellcheck disable=SC2086  # DIST_ARGS is a list of options
   "$venv/bin/python" "$dir/scripts/torch_dist.py" --nproc "${DIST_NPROC:-$gpus}" \
     --json "$out/dist.json" --markdown "$out/dist.md" ${DIST_ARGS:-} || status=1
+fi
+if step pttests; then
+  [ -n "$tests" ] || { echo "gpu-torch.sh --pttests: set PT_TESTS to the test folder of a PyTorch source tree" >&2; exit 2; }
+  if [ -n "$wheels" ]; then
+    "$venv/bin/pip" install --no-index --no-deps -q "$wheels"/*.whl || exit 1
+  fi
+  echo "--- PyTorch's CUDA memory tests ($tests/test_cuda.py): native, policy:pytorch, policy:cachalot"
+  # shellcheck disable=SC2086  # PT_ARGS is a list of options
+  "$venv/bin/python" "$dir/scripts/pytorch_tests.py" "$tests" --json "$out/pttests.json" \
+    --markdown "$out/pttests.md" ${PT_ARGS:-} || status=1
 fi
 exit $status

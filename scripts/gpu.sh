@@ -10,12 +10,18 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay driver bench torch models diff dist; the tables always): the whole script takes longer than
+# replay driver bench torch models diff dist pttests; the tables always): the whole script takes longer than
 # one 10-minute device call, so a session runs it in four, e.g.
 # ONLY="record tests bench", ONLY="sanitizer checks replay driver diff", ONLY="torch"
 # (the plug-in suite per policy) and ONLY="models" (real models, the tuner proven); the
 # multi-GPU training (dist: DDP and FSDP2, one rank per GPU) needs two GPUs or
-# more (DIST_NPROC=1 runs it with one rank) and a call of its own.
+# more (DIST_NPROC=1 runs it with one rank) and a call of its own; ONLY=pttests
+# runs PyTorch's own CUDA memory tests natively and under both policies
+# (PT_TESTS: the test folder of a PyTorch source tree of the machine's torch,
+# PT_WHEELS a folder with expecttest's wheel; up to 4 minutes per
+# configuration on an H200, so two calls: PT_ARGS="--configs native", then
+# PT_ARGS="--configs pytorch,cachalot --reuse FILE" with the first call's
+# pttests.json carried back as FILE).
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
 bin=${1:-gpu-bin/cuda}
@@ -45,7 +51,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if { want torch || want models || want diff || want dist; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want models || want diff || want dist || want pttests; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -196,11 +202,17 @@ else
 fi
 fi
 
+if want pttests; then
+section "6d. PyTorch's own CUDA memory tests (test_cuda.py of PT_TESTS): native, policy:pytorch, policy:cachalot"
+drop_in --pttests
+fi
+
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
 [ -f "$out/diffcheck.md" ] && { cat "$out/diffcheck.md"; echo; }
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
+[ -f "$out/pttests.md" ] && { echo "PyTorch's CUDA memory tests:"; cat "$out/pttests.md"; echo; }
 [ -f "$out/driver_costs.md" ] && { cat "$out/driver_costs.md"; echo; }
 [ -f "$out/slack_trade.md" ] && { cat "$out/slack_trade.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }

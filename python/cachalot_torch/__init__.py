@@ -15,8 +15,11 @@ cachalot: ``memory_stats``, ``memory_summary``, ``max_memory_allocated``,
 ``_snapshot``, ``_dump_snapshot``; running out of memory raises
 ``torch.cuda.OutOfMemoryError`` with cachalot's breakdown.
 
-Settings: ``conf`` or ``CACHALOT_ALLOC_CONF`` (``PYTORCH_CUDA_ALLOC_CONF`` syntax
-plus ``policy:pytorch|cachalot``), read once, when the library first serves.
+Settings: PyTorch's own (``PYTORCH_ALLOC_CONF``, else ``PYTORCH_CUDA_ALLOC_CONF``),
+then ``conf`` or ``CACHALOT_ALLOC_CONF`` over them (the same syntax plus
+``policy:pytorch|cachalot`` and the cachalot policy's keys), read once, when the
+library first serves; ``torch.cuda.memory._set_allocator_settings`` changes them
+while the program runs, as in PyTorch.
 ``python -m cachalot_torch`` prints what is installed and checks it.
 """
 

@@ -25,7 +25,7 @@ def main():
         _row("library", f"FAILED: {e}")
         return 1
     _row("policy", conf["policy"])
-    _row("CACHALOT_ALLOC_CONF", conf["conf"] or "(defaults)")
+    _row("settings", conf["conf"] or "(defaults)")
     try:
         import torch
     except ImportError:

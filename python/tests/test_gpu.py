@@ -1,6 +1,7 @@
 """PyTorch programs on cachalot, as on PyTorch's own allocator: one test per row
 of the drop-in table (docs/torch-plugin.md). Skips without a GPU."""
 
+import ctypes
 import json
 import os
 import pickle
@@ -70,6 +71,104 @@ def test_out_of_memory_is_catchable_and_training_goes_on(torch_gpu):
     opt.step()
     assert torch.isfinite(loss).item()
     cachalot_torch.validate()
+
+
+def test_pytorchs_own_messages_and_the_accelerator_api(torch_gpu):
+    torch = torch_gpu
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="Tried to allocate more than 1EB memory"):
+        torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device="cuda")
+    x = torch.empty(256, device="cuda")
+    stats = torch.accelerator.memory_stats()
+    assert stats["active_bytes.all.current"] >= 1024, "torch.accelerator asks cachalot"
+    assert torch.accelerator.memory_allocated() == torch.cuda.memory_allocated()
+    del x
+
+
+def test_settings_changed_at_run_time_take_effect(torch_gpu):
+    torch = torch_gpu
+    if cachalot_torch.config()["policy"] != "pytorch":
+        pytest.skip("roundup_power2_divisions is a rule of the pytorch policy")
+    allocated = lambda: torch.cuda.memory_stats()["allocated_bytes.all.current"]  # noqa: E731
+    before = allocated()
+    try:
+        torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
+        x = torch.empty(84 * MIB, dtype=torch.uint8, device="cuda")
+        assert allocated() - before == 96 * MIB
+    finally:
+        torch.cuda.memory._set_allocator_settings("")
+    y = torch.empty(84 * MIB, dtype=torch.uint8, device="cuda")
+    assert allocated() - before == 96 * MIB + 84 * MIB
+    del x, y
+
+
+def test_caching_off_allocates_outside_the_cache(torch_gpu):
+    torch = torch_gpu
+    stream = torch.cuda.current_stream().cuda_stream
+    requested = lambda: torch.cuda.memory_stats()["requested_bytes.all.allocated"]  # noqa: E731
+    torch.cuda.caching_allocator_enable(False)
+    try:
+        before = requested()
+        ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(MIB, stream)
+        assert requested() == before
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
+    cachalot_torch.validate()
+
+
+def test_a_mempool_with_its_own_allocator(torch_gpu, tmp_path):
+    torch = torch_gpu
+    if cachalot_torch.config()["policy"] != "pytorch":
+        pytest.skip("the cachalot policy's private pools are mapped pages of its own")
+    from torch.utils import cpp_extension
+
+    source = """
+    #include <cuda_runtime_api.h>
+    #include <cstddef>
+    extern "C" {
+    int calls[2] = {0, 0};
+    void* own_alloc(size_t size, int device, void* stream) {
+      void* p = nullptr; calls[0]++; cudaMalloc(&p, size); return p;
+    }
+    void own_free(void* p, size_t size, int device, void* stream) { calls[1]++; cudaFree(p); }
+    }
+    """
+    lib = cpp_extension.load_inline(
+        name="cachalot_own_allocator", cpp_sources=[source], is_python_module=False,
+        with_cuda=True, build_directory=str(tmp_path))
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib, "own_alloc", "own_free")
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(MIB, dtype=torch.uint8, device="cuda")
+        y = torch.empty(MIB // 2, dtype=torch.uint8, device="cuda")
+    assert len(pool.snapshot()) == 1, "both in one 2 MiB segment of the pool's allocator"
+    calls = (ctypes.c_int * 2).in_dll(ctypes.CDLL(lib), "calls")
+    assert calls[0] == 1
+    del x, y, pool, allocator
+    torch.cuda.empty_cache()
+    assert calls[1] == 1, "the segment went back to the pool's allocator"
+    cachalot_torch.validate()
+
+
+def test_two_gpus_in_one_process(torch_gpu):
+    torch = torch_gpu
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    n = 16 * MIB
+    a = torch.randn(n, device="cuda:0")
+    b = torch.randn(n, device="cuda:1")
+    c = a.to("cuda:1") + b
+    assert torch.equal(c.cpu(), a.cpu() + b.cpu())
+    if torch.cuda.can_device_access_peer(1, 0):
+        # A kernel of GPU 1 reading GPU 0's memory: needs access to its pages.
+        torch.cuda.set_device(1)
+        d = torch.empty(n, device="cuda:1")
+        d.copy_(a, non_blocking=True)
+        torch.cuda.synchronize(1)
+        assert torch.equal(d.cpu(), a.cpu())
+        torch.cuda.set_device(0)
+    for device in (0, 1):
+        cachalot_torch.validate(device)
 
 
 def test_memory_fraction_limits(torch_gpu):

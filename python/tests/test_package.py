@@ -10,11 +10,13 @@ import pytest
 import cachalot_torch
 
 
-def _run(*args, conf=None):
+def _run(*args, conf=None, **pytorch):
     env = dict(os.environ)
-    env.pop("CACHALOT_ALLOC_CONF", None)
+    for var in ("CACHALOT_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env.pop(var, None)
     if conf is not None:
         env["CACHALOT_ALLOC_CONF"] = conf
+    env.update(pytorch)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -31,6 +33,17 @@ def test_default_policy_is_pytorch():
 def test_conf_selects_the_policy():
     out = _run("-c", "import cachalot_torch; print(cachalot_torch.config()['policy'])", conf="policy:cachalot")
     assert out.stdout.strip() == "cachalot", out.stderr
+
+
+def test_pytorchs_settings_are_read_as_pytorch_reads_them():
+    show = ("-c", "import cachalot_torch; print(cachalot_torch.config()['conf'])")
+    out = _run(*show, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    assert out.stdout.strip() == "expandable_segments:True", out.stderr
+    out = _run(*show, conf="policy:cachalot", PYTORCH_ALLOC_CONF="max_split_size_mb:64",
+               PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    assert out.stdout.strip() == "max_split_size_mb:64,policy:cachalot", out.stderr
+    out = _run("-m", "cachalot_torch", PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:2")
+    assert out.returncode == 1 and "max_split_size_mb" in out.stdout
 
 
 def test_a_bad_conf_is_refused_with_the_reason():

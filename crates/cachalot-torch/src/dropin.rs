@@ -137,8 +137,12 @@ fn oom_info(report: &cachalot::error::OomReport) -> OomInfo {
     }
 }
 
+/// PyTorch's sentence for a request of 1 EiB or more.
+pub const TOO_LARGE: &str = "CUDA out of memory. Tried to allocate more than 1EB memory.";
+
 /// An out-of-memory error with the whole description (PyTorch's sentence, the
-/// breakdown, the advice); other errors as they are.
+/// breakdown, the advice), a request of 1 EiB or more with PyTorch's sentence
+/// for it; other errors as they are.
 fn oom_message(error: PluginError) -> PluginError {
     match error {
         PluginError::Allocator {
@@ -147,6 +151,13 @@ fn oom_message(error: PluginError) -> PluginError {
         } => PluginError::OutOfMemory {
             device,
             description: cachalot::report::oom::describe(&report),
+        },
+        PluginError::Allocator {
+            device,
+            source: Error::TooLarge { .. },
+        } => PluginError::OutOfMemory {
+            device,
+            description: TOO_LARGE.to_string(),
         },
         other => other,
     }
@@ -409,6 +420,8 @@ pub struct TraceRow {
     pub stream: u64,
     /// Microseconds since the Unix epoch.
     pub time_unix_us: u64,
+    /// The tag of the call that caused it (`cachalot_set_event_tag`; 0: none).
+    pub tag: u64,
 }
 
 /// Every device's segments, blocks and recorded events, owned by the library
@@ -528,5 +541,19 @@ mod tests {
         };
         assert_eq!(reply(ptr::null_mut(), || Err(oom)), OOM);
         assert_eq!(reply(ptr::null_mut(), || Ok(())), OK);
+    }
+
+    #[test]
+    fn a_request_of_an_exbibyte_gets_pytorchs_sentence() {
+        let too_large = PluginError::Allocator {
+            device: 1,
+            source: Error::TooLarge {
+                requested: 1 << 63,
+                limit: 1 << 60,
+            },
+        };
+        let e = oom_message(too_large);
+        assert!(is_oom(&e));
+        assert_eq!(e.to_string(), TOO_LARGE);
     }
 }

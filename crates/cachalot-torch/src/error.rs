@@ -16,8 +16,9 @@ use thiserror::Error;
 /// Why a call into the plug-in failed.
 #[derive(Debug, Error)]
 pub enum PluginError {
-    /// `CACHALOT_ALLOC_CONF` could not be parsed. Remedy: fix the variable.
-    #[error("CACHALOT_ALLOC_CONF: {0}")]
+    /// The settings (`PYTORCH_ALLOC_CONF`, `PYTORCH_CUDA_ALLOC_CONF`,
+    /// `CACHALOT_ALLOC_CONF`) could not be parsed. Remedy: fix the variable.
+    #[error("allocator settings: {0}")]
     Config(#[from] ConfigError),
     /// A device ordinal outside `0..MAX_DEVICES`.
     #[error("invalid device {0}")]

@@ -6,10 +6,11 @@
 //! reason is then fetched with [`cachalot_last_error`]. Strings handed out are
 //! owned by the caller, who frees them with [`cachalot_string_free`].
 //!
-//! The registry is created on the first call, with the configuration in
-//! `CACHALOT_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax plus
-//! `policy:pytorch|cachalot`). A configuration that does not parse makes every
-//! call fail with the parser's message.
+//! The registry is created on the first call, with PyTorch's settings as
+//! PyTorch reads them (`PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`)
+//! and `CACHALOT_ALLOC_CONF` over them (the same syntax plus
+//! `policy:pytorch|cachalot` and the cachalot policy's keys). A configuration
+//! that does not parse makes every call fail with the parser's message.
 
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 use std::sync::{Arc, OnceLock};
@@ -25,13 +26,21 @@ use crate::{device, report};
 /// The environment variable that configures the plug-in.
 pub const CONF_VAR: &str = "CACHALOT_ALLOC_CONF";
 
+/// PyTorch's variables for its allocator's settings, the first one set wins.
+pub const PYTORCH_VARS: [&str; 2] = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"];
+
 static REGISTRY: OnceLock<Result<Registry, cachalot::config::ConfigError>> = OnceLock::new();
 
-/// The process's registry, created on first use from [`CONF_VAR`].
+/// The process's registry, created on first use from [`PYTORCH_VARS`] and
+/// [`CONF_VAR`].
 pub(crate) fn registry() -> PluginResult<&'static Registry> {
     let made = REGISTRY.get_or_init(|| {
+        let pytorch = PYTORCH_VARS
+            .iter()
+            .find_map(|var| std::env::var(var).ok())
+            .unwrap_or_default();
         let conf = std::env::var(CONF_VAR).unwrap_or_default();
-        AllocatorConfig::parse(&conf)
+        AllocatorConfig::layered(&pytorch, &conf)
             .map(|config| Registry::new(config, Box::new(device::open_cuda)))
     });
     made.as_ref().map_err(|e| PluginError::Config(e.clone()))
@@ -135,8 +144,9 @@ pub extern "C" fn cachalot_memory_summary(device: c_int, abbreviated: c_int) -> 
     string(|| report::summary(registry()?, i64::from(device), abbreviated != 0))
 }
 
-/// The configuration in force, as JSON: `{"policy": ..., "conf": ...}`; NULL on
-/// failure. Free it with [`cachalot_string_free`].
+/// The configuration in force, as JSON: `{"policy": ..., "conf": ...}` (`conf`:
+/// PyTorch's settings, then cachalot's); NULL on failure. Free it with
+/// [`cachalot_string_free`].
 #[no_mangle]
 pub extern "C" fn cachalot_config() -> *mut c_char {
     string(|| {

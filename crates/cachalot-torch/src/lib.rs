@@ -18,9 +18,11 @@
 //!   guard    catch_unwind at every entry point; errors become the last error
 //!   ipc      CUDA IPC: handles of live allocations, handles of other processes
 //!   report   summaries, history recording, snapshot pickles over the registry
+//!   settings PyTorch's run-time settings (`_set_allocator_settings`)
 //!   registry one DeviceAllocator per device, created on first use
 //!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
+//!   tags     recorded events tagged with the C++ side's call ids
 //!   device   opens a device: CUDA backend + the configured policy
 //! ```
 //!
@@ -45,7 +47,9 @@ pub mod ipc;
 pub mod pools;
 pub mod registry;
 pub mod report;
+pub mod settings;
 pub mod streams;
+pub mod tags;
 
 pub use error::{PluginError, PluginResult};
 pub use registry::Registry;

@@ -7,12 +7,16 @@
 //!
 //! A route's filter stays in C++: the library calls it back through
 //! [`RouteAccepts`] with the request's stream, on the requesting thread, and
-//! releases it through [`RouteDrop`] when the route closes.
+//! releases it through [`RouteDrop`] when the route closes. So does a pool's
+//! own allocator (`MemPool(allocator=...)`): the library asks it for the
+//! pool's segments through [`SourceAllocate`] and gives them back through
+//! [`SourceFree`].
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
-use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions};
+use cachalot::backend::{BackendError, BackendResult, CallKind};
+use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions, SegmentSource};
 use cachalot::{DeviceAllocator, StreamId};
 
 use crate::dropin::{put, reply};
@@ -51,6 +55,73 @@ impl CFilter {
 impl Drop for CFilter {
     fn drop(&mut self) {
         // SAFETY: called once, when the library drops the route.
+        unsafe { (self.drop)(self.ctx) }
+    }
+}
+
+/// A pool's own allocator: `size` bytes, or NULL when it has none. Must not
+/// unwind and must be callable from any thread.
+pub type SourceAllocate = unsafe extern "C" fn(ctx: *mut c_void, size: usize) -> *mut c_void;
+
+/// Gives `size` bytes at `ptr` back to a pool's own allocator: 0 for done.
+/// Must not unwind and must be callable from any thread.
+pub type SourceFree =
+    unsafe extern "C" fn(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> c_int;
+
+/// A pool's own allocator, owned by C++ (`ctx`, released through `drop` once
+/// the pool and its last segment are gone).
+struct CSource {
+    allocate: SourceAllocate,
+    free: SourceFree,
+    drop: RouteDrop,
+    ctx: *mut c_void,
+}
+
+// SAFETY: by `cachalot_pool_set_source`'s contract, `allocate` and `free` may
+// be called with `ctx` from any thread, and `drop` once from any thread.
+unsafe impl Send for CSource {}
+// SAFETY: as above; the callbacks do their own locking.
+unsafe impl Sync for CSource {}
+
+impl std::fmt::Debug for CSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CSource").field("ctx", &self.ctx).finish()
+    }
+}
+
+impl SegmentSource for CSource {
+    fn allocate(&self, size: u64) -> BackendResult<u64> {
+        let none = || BackendError::OutOfMemory {
+            call: CallKind::SegmentAlloc,
+            requested: size,
+        };
+        let bytes = usize::try_from(size).map_err(|_| none())?;
+        // SAFETY: `ctx` lives until `drop` (when this source drops); the
+        // callback does not unwind (the contract).
+        let ptr = unsafe { (self.allocate)(self.ctx, bytes) };
+        if ptr.is_null() {
+            return Err(none());
+        }
+        Ok(ptr.addr() as u64)
+    }
+
+    fn free(&self, ptr: u64, size: u64) -> BackendResult<()> {
+        let bytes = usize::try_from(size).unwrap_or(usize::MAX);
+        let at = std::ptr::without_provenance_mut(ptr as usize);
+        // SAFETY: as in `allocate`; `ptr` is a segment `allocate` gave.
+        match unsafe { (self.free)(self.ctx, at, bytes) } {
+            0 => Ok(()),
+            code => Err(BackendError::Device {
+                call: CallKind::SegmentFree,
+                message: format!("the pool's own allocator failed to free a segment ({code})"),
+            }),
+        }
+    }
+}
+
+impl Drop for CSource {
+    fn drop(&mut self) {
+        // SAFETY: called once, when the library drops the source.
         unsafe { (self.drop)(self.ctx) }
     }
 }
@@ -125,6 +196,37 @@ pub unsafe extern "C" fn cachalot_pool_create(
     message: *mut *mut c_char,
 ) -> c_int {
     reply(message, || on_device(device, |d| d.create_pool(id(a, b))))
+}
+
+/// Makes the pool's own allocator (`allocate`, `free` on `ctx`) give pool
+/// `(a, b)`'s new segments (`MemPool(allocator=...)`). On failure `drop(ctx)`
+/// has been called.
+///
+/// # Safety
+/// `allocate` and `free` must be callable with `ctx` from any thread until
+/// `drop(ctx)`, which the library calls once; none may unwind. `message` must
+/// be NULL or point to a writable `char*`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cachalot_pool_set_source(
+    device: c_int,
+    a: u64,
+    b: u64,
+    allocate: SourceAllocate,
+    free: SourceFree,
+    drop: RouteDrop,
+    ctx: *mut c_void,
+    message: *mut *mut c_char,
+) -> c_int {
+    let source = CSource {
+        allocate,
+        free,
+        drop,
+        ctx,
+    };
+    reply(message, move || {
+        on_device(device, |d| d.set_pool_source(id(a, b), Arc::new(source)))
+    })
 }
 
 /// Takes a use off pool `(a, b)` (`releasePool`).
@@ -309,4 +411,51 @@ pub unsafe extern "C" fn cachalot_pool_restore(
         };
         on_device(device, |d| d.restore_pool(id(a, b), &live)).map(|_| ())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// What the test allocator saw: bytes handed out, frees, drops.
+    static GIVEN: AtomicUsize = AtomicUsize::new(0);
+    static FREED: AtomicUsize = AtomicUsize::new(0);
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn give(_: *mut c_void, size: usize) -> *mut c_void {
+        if size > 1 << 30 {
+            return std::ptr::null_mut();
+        }
+        GIVEN.fetch_add(size, Ordering::SeqCst);
+        std::ptr::without_provenance_mut(0x1000)
+    }
+
+    unsafe extern "C" fn take_back(_: *mut c_void, ptr: *mut c_void, _: usize) -> c_int {
+        FREED.fetch_add(1, Ordering::SeqCst);
+        c_int::from(ptr.addr() != 0x1000)
+    }
+
+    unsafe extern "C" fn forget(_: *mut c_void) {
+        DROPPED.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn a_c_allocator_serves_a_pools_segments() {
+        let source = CSource {
+            allocate: give,
+            free: take_back,
+            drop: forget,
+            ctx: std::ptr::null_mut(),
+        };
+        assert_eq!(source.allocate(2 << 20).unwrap(), 0x1000);
+        assert!(source.allocate(2 << 30).unwrap_err().is_out_of_memory());
+        source.free(0x1000, 2 << 20).unwrap();
+        assert!(source.free(0x2000, 2 << 20).is_err());
+        drop(source);
+        assert_eq!(GIVEN.load(Ordering::SeqCst), 2 << 20);
+        assert_eq!(FREED.load(Ordering::SeqCst), 2);
+        assert_eq!(DROPPED.load(Ordering::SeqCst), 1);
+    }
 }

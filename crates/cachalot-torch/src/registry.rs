@@ -12,13 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
+use cachalot::config::PlacementSettings;
 use cachalot::history::{History, HistoryConfig};
 use cachalot::{AllocatorConfig, DeviceAllocator, DevicePtr, Error, StreamId};
 
 use crate::error::{PluginError, PluginResult};
 use crate::streams::{KnownStreams, StreamRegistrar};
+use crate::tags::Tagged;
 
 /// The highest number of devices the registry serves (ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 64;
@@ -84,7 +86,7 @@ impl Recording {
     fn start(&mut self, device: usize, allocator: &Arc<dyn DeviceAllocator>) {
         if let Some(config) = &self.config {
             let history = Arc::new(History::new(config.clone()));
-            allocator.set_observer(Some(history.clone()));
+            allocator.set_observer(Some(Arc::new(Tagged(history.clone()))));
             self.devices.insert(device, history);
         }
     }
@@ -92,7 +94,7 @@ impl Recording {
 
 /// One allocator per device, created lazily.
 pub struct Registry {
-    config: AllocatorConfig,
+    config: RwLock<AllocatorConfig>,
     factory: Box<DeviceFactory>,
     slots: Box<[OnceLock<Slot>]>,
     /// Held while a device's allocator is being created, so it is created once.
@@ -112,7 +114,7 @@ pub struct Registry {
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
-            .field("config", &self.config.source)
+            .field("config", &self.config().source)
             .field(
                 "devices",
                 &self.devices().map(|(d, _)| d).collect::<Vec<_>>(),
@@ -125,7 +127,7 @@ impl Registry {
     /// A registry whose devices are built by `factory` with `config`.
     pub fn new(config: AllocatorConfig, factory: Box<DeviceFactory>) -> Registry {
         Registry {
-            config,
+            config: RwLock::new(config),
             factory,
             slots: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
             creating: Mutex::new(()),
@@ -135,9 +137,25 @@ impl Registry {
         }
     }
 
-    /// The configuration every device's allocator gets.
-    pub fn config(&self) -> &AllocatorConfig {
-        &self.config
+    /// The configuration a device's allocator gets when it opens, with the
+    /// settings changed since.
+    pub fn config(&self) -> AllocatorConfig {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts PyTorch's run-time settings in force on every open device and on
+    /// devices opened later (`torch.cuda.memory._set_allocator_settings`).
+    pub fn set_placement_settings(&self, settings: &PlacementSettings) {
+        // Same lock order as `open`: no device opens with the old settings meanwhile.
+        let _creating = self.creating.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut config = self.config.write().unwrap_or_else(PoisonError::into_inner);
+        *config = config.with_placement_settings(settings);
+        for (_, allocator) in self.devices() {
+            allocator.set_placement_settings(settings);
+        }
     }
 
     /// The allocator of `device`, created now if this is its first use.
@@ -182,7 +200,8 @@ impl Registry {
         let opened_unix_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        let opened = (self.factory)(index, &self.config).map_err(PluginError::allocator(index))?;
+        let opened =
+            (self.factory)(index, &self.config()).map_err(PluginError::allocator(index))?;
         for _ in 0..self.missed_empty_caches[index].swap(0, Ordering::AcqRel) {
             opened
                 .allocator
@@ -551,6 +570,35 @@ mod tests {
         assert_eq!(stats["allocated_bytes.all.current"], 0);
         assert_eq!(stats["reserved_bytes.all.current"], 0);
         assert_eq!(stats["reserved_bytes.all.peak"], 20 * MIB);
+    }
+
+    #[test]
+    fn run_time_settings_reach_open_devices_and_later_ones() {
+        let (registry, _, _) = sim_registry("");
+        let allocated = |device: i64| {
+            registry
+                .device(device)
+                .unwrap()
+                .stats()
+                .allocated_bytes
+                .all
+                .current
+        };
+        registry
+            .malloc(84 * MIB as i64, 0, StreamId::DEFAULT)
+            .unwrap();
+        let mut settings = registry.config().placement_settings();
+        settings.roundup_power2_divisions = [4; cachalot::config::ROUNDUP_BUCKETS];
+        registry.set_placement_settings(&settings);
+        registry
+            .malloc(84 * MIB as i64, 0, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(allocated(0), (84 + 96) * MIB as i64);
+        registry
+            .malloc(84 * MIB as i64, 1, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(allocated(1), 96 * MIB as i64, "opened after the change");
+        assert_eq!(registry.config().roundup_power2_divisions[0], 4);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 
+use cachalot::config::PolicyKind;
 use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
-use cachalot::snapshot::BlockState;
+use cachalot::snapshot::{BlockInfo, BlockState};
 use cachalot::snapshot_io::{pickle, SnapshotDump};
 
 use crate::dropin::{BlockRow, SegmentRow, TraceRow};
@@ -60,7 +61,7 @@ pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
         source,
     };
     let mut out = BufWriter::new(File::create(path).map_err(io)?);
-    pickle::write_devices(&dumps, registry.config(), &mut out)
+    pickle::write_devices(&dumps, &registry.config(), &mut out)
         .map_err(|e| io(std::io::Error::other(e.to_string())))?;
     out.flush().map_err(io)
 }
@@ -71,7 +72,9 @@ pub fn dump_snapshot(registry: &Registry, path: &str) -> PluginResult<()> {
 pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Vec<TraceRow>) {
     let (mut segments, mut blocks, mut trace) = (Vec::new(), Vec::new(), Vec::new());
     for (device, allocator) in registry.devices() {
+        let merge = allocator.policy() == PolicyKind::Cachalot;
         for segment in allocator.snapshot().segments {
+            let rows = block_rows(&segment.blocks, merge);
             segments.push(SegmentRow {
                 device: device as i64,
                 address: segment.address,
@@ -83,16 +86,10 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
                 is_large: u8::from(!segment.is_small),
                 is_expandable: u8::from(segment.is_expandable),
                 first_block: blocks.len(),
-                block_count: segment.blocks.len(),
+                block_count: rows.len(),
                 pool_id: [segment.pool_id.0, segment.pool_id.1],
             });
-            blocks.extend(segment.blocks.iter().map(|b| BlockRow {
-                address: b.address,
-                size: b.size,
-                requested_size: b.requested_size,
-                allocated: u8::from(b.state == BlockState::ActiveAllocated),
-                active: u8::from(b.state != BlockState::Inactive),
-            }));
+            blocks.extend(rows);
         }
         let (Some(history), Some(opened)) =
             (registry.history(device), registry.opened_unix_us(device))
@@ -110,8 +107,68 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
                 size: r.event.size,
                 stream: r.event.stream.0,
                 time_unix_us: opened.saturating_add(r.event.time_us),
+                tag: r.tag,
             }
         }));
     }
     (segments, blocks, trace)
+}
+
+/// A segment's blocks as rows, with each run of adjacent free blocks as one
+/// when `merge_free`: the cachalot policy's heap may keep a free stretch in
+/// pieces (frees not merged yet, blocks kept for reuse at their size), which
+/// PyTorch's tools, and checkpoints of graph pools, read as one free block.
+fn block_rows(blocks: &[BlockInfo], merge_free: bool) -> Vec<BlockRow> {
+    let mut rows: Vec<BlockRow> = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        let row = BlockRow {
+            address: b.address,
+            size: b.size,
+            requested_size: b.requested_size,
+            allocated: u8::from(b.state == BlockState::ActiveAllocated),
+            active: u8::from(b.state != BlockState::Inactive),
+        };
+        match rows.last_mut() {
+            Some(last)
+                if merge_free
+                    && last.active == 0
+                    && row.active == 0
+                    && last.address + last.size == row.address =>
+            {
+                last.size += row.size;
+            }
+            _ => rows.push(row),
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_free_blocks_become_one_row_when_asked() {
+        let block = |address, size, state| BlockInfo {
+            address,
+            size,
+            requested_size: size,
+            state,
+        };
+        let blocks = [
+            block(0, 512, BlockState::Inactive),
+            block(512, 512, BlockState::Inactive),
+            block(1024, 512, BlockState::ActiveAllocated),
+            block(1536, 512, BlockState::Inactive),
+            block(4096, 512, BlockState::Inactive),
+        ];
+        let spans = |rows: Vec<BlockRow>| -> Vec<(u64, u64)> {
+            rows.iter().map(|r| (r.address, r.size)).collect()
+        };
+        assert_eq!(
+            spans(block_rows(&blocks, true)),
+            [(0, 1024), (1024, 512), (1536, 512), (4096, 512)]
+        );
+        assert_eq!(block_rows(&blocks, false).len(), 5);
+    }
 }

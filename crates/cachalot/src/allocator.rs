@@ -9,11 +9,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
-use crate::config::{AllocatorConfig, PolicyKind};
+use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
-use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -22,8 +22,17 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// The policy this allocator implements.
     fn policy(&self) -> PolicyKind;
 
-    /// Its configuration.
+    /// Its configuration when it was created.
     fn config(&self) -> &AllocatorConfig;
+
+    /// Puts the settings a program changes while it runs in force from the
+    /// next call on, as PyTorch reads its settings at each call
+    /// (`torch.cuda.memory._set_allocator_settings`). Blocks and segments
+    /// already made keep their sizes. The default takes them and uses none:
+    /// the cachalot policy has no such rules (it always maps pages).
+    fn set_placement_settings(&self, settings: &PlacementSettings) {
+        let _ = settings;
+    }
 
     /// The backend it draws memory from.
     fn backend(&self) -> &Arc<dyn Backend>;
@@ -99,6 +108,22 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
     fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
+
+    /// Makes `source` give private pool `id`'s new segments
+    /// (`torch.cuda.MemPool(allocator=...)`); its segments never grow by
+    /// mapping pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool, or from a policy that serves private pools from its own memory
+    /// only (the cachalot policy: its pools are mapped pages).
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        let _ = (id, source);
+        Err(crate::Error::InvalidArgument(format!(
+            "the {} policy serves private pools from its own memory only",
+            self.policy()
+        )))
+    }
 
     /// Private pool `id`'s options.
     ///

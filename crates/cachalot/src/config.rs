@@ -5,7 +5,10 @@
 //! booleans exactly `True` or `False`. cachalot adds one key, `policy`
 //! (`pytorch` or `cachalot`), and keys of its own policy prefixed `cachalot_`.
 //! Unknown keys and bad values are errors that name the key. One parser,
-//! [`AllocatorConfig::parse`], serves the library, the CLI and the PyTorch plug-in.
+//! [`AllocatorConfig::parse`], serves the library, the CLI and the PyTorch plug-in;
+//! [`AllocatorConfig::layered`] reads PyTorch's own string under cachalot's (the
+//! plug-in's `PYTORCH_ALLOC_CONF` and `CACHALOT_ALLOC_CONF`), and
+//! [`PlacementSettings`] are the keys PyTorch lets a program change while it runs.
 
 use std::fmt;
 use std::str::FromStr;
@@ -103,6 +106,9 @@ pub enum ConfigError {
         /// The policy chosen.
         policy: PolicyKind,
     },
+    /// A key of cachalot's own in PyTorch's settings.
+    #[error("'{0}' is cachalot's key: set it in CACHALOT_ALLOC_CONF, not in PyTorch's allocator settings")]
+    NotPytorchKey(String),
     /// The string is not a list of `key:value` pairs.
     #[error("malformed allocator config near '{0}': expected key:value")]
     Syntax(String),
@@ -238,12 +244,8 @@ impl AllocatorConfig {
             source: s.to_string(),
             ..AllocatorConfig::default()
         };
-        let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-        for item in split_top_level(&compact)? {
-            let (key, value) = item
-                .split_once(':')
-                .ok_or_else(|| ConfigError::Syntax(item.into()))?;
-            cfg.set(key, value)?;
+        for (key, value) in items(s)? {
+            cfg.set(&key, &value)?;
         }
         Ok(cfg)
     }
@@ -297,6 +299,24 @@ impl AllocatorConfig {
                     return Err(ConfigError::bad(key, value, "must be at least 1"));
                 }
             }
+            "large_segment_size_mb" if parse_u64(key, value)? == LARGE_SEGMENT_MB => {}
+            "large_segment_size_mb" => {
+                return Err(ConfigError::bad(
+                    key,
+                    value,
+                    "cachalot grows the large pool in segments of 20 MiB only",
+                ))
+            }
+            "release_lock_on_hipmalloc" => {
+                self.release_lock_on_cudamalloc = parse_bool(key, value)?
+            }
+            "pinned_use_hip_host_register" => {
+                self.pinned_use_cuda_host_register = parse_bool(key, value)?
+            }
+            // PyTorch's pinned host memory: checked here, used by PyTorch alone.
+            "pinned_reserve_segment_size_mb" => {
+                parse_u64(key, value)?;
+            }
             "pinned_num_register_threads" => {
                 let n = parse_u64(key, value)?;
                 if !n.is_power_of_two() || n > 128 {
@@ -311,6 +331,63 @@ impl AllocatorConfig {
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
+    }
+
+    /// PyTorch's settings `pytorch` (its `PYTORCH_ALLOC_CONF` string) with
+    /// cachalot's `conf` over them: `conf` may choose the policy and set any
+    /// key, and its keys must apply to that policy ([`Self::check_keys`]);
+    /// `pytorch` may set PyTorch's keys only, which the cachalot policy takes
+    /// and leaves unused where it has no such rule (it always maps pages).
+    /// [`source`](Self::source) holds both, `pytorch` first.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first bad key or value of either string, or
+    /// [`ConfigError::NotPytorchKey`] for a cachalot key in `pytorch`.
+    pub fn layered(pytorch: &str, conf: &str) -> Result<AllocatorConfig, ConfigError> {
+        let own = AllocatorConfig::parse(conf)?;
+        own.check_keys()?;
+        let mut cfg = AllocatorConfig {
+            policy: own.policy,
+            ..AllocatorConfig::default()
+        };
+        for (key, value) in items(pytorch)? {
+            if key == "policy" || key.starts_with("cachalot_") {
+                return Err(ConfigError::NotPytorchKey(key.to_string()));
+            }
+            cfg.set(&key, &value)?;
+        }
+        for (key, value) in items(conf)? {
+            cfg.set(&key, &value)?;
+        }
+        cfg.source = [pytorch.trim(), conf.trim()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(cfg)
+    }
+
+    /// The settings a program may change while it runs.
+    pub fn placement_settings(&self) -> PlacementSettings {
+        PlacementSettings {
+            max_split_size: self.max_split_size,
+            max_non_split_rounding: self.max_non_split_rounding,
+            roundup_power2_divisions: self.roundup_power2_divisions,
+            garbage_collection_threshold: self.garbage_collection_threshold,
+            expandable_segments: self.expandable_segments,
+        }
+    }
+
+    /// This configuration with `settings` in force.
+    pub fn with_placement_settings(&self, settings: &PlacementSettings) -> AllocatorConfig {
+        AllocatorConfig {
+            max_split_size: settings.max_split_size,
+            max_non_split_rounding: settings.max_non_split_rounding,
+            roundup_power2_divisions: settings.roundup_power2_divisions,
+            garbage_collection_threshold: settings.garbage_collection_threshold,
+            expandable_segments: settings.expandable_segments,
+            ..self.clone()
+        }
     }
 
     /// Checks that every key of [`source`](Self::source) applies to
@@ -341,6 +418,39 @@ impl AllocatorConfig {
         let index = log.saturating_sub(start).min(ROUNDUP_BUCKETS as u64 - 1);
         self.roundup_power2_divisions[index as usize]
     }
+}
+
+/// The keys of PyTorch's allocator that a program may change while it runs
+/// (`torch.cuda.memory._set_allocator_settings`): what PyTorch's parser
+/// leaves in force after each change, handed over whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementSettings {
+    /// See [`AllocatorConfig::max_split_size`].
+    pub max_split_size: Option<u64>,
+    /// See [`AllocatorConfig::max_non_split_rounding`].
+    pub max_non_split_rounding: u64,
+    /// See [`AllocatorConfig::roundup_power2_divisions`].
+    pub roundup_power2_divisions: [u64; ROUNDUP_BUCKETS],
+    /// See [`AllocatorConfig::garbage_collection_threshold`].
+    pub garbage_collection_threshold: f64,
+    /// See [`AllocatorConfig::expandable_segments`].
+    pub expandable_segments: bool,
+}
+
+/// The only `large_segment_size_mb` cachalot takes (PyTorch's default).
+const LARGE_SEGMENT_MB: u64 = 20;
+
+/// The `key:value` pairs of a configuration string, whitespace removed.
+fn items(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+    split_top_level(&compact)?
+        .into_iter()
+        .map(|item| {
+            item.split_once(':')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| ConfigError::Syntax(item.into()))
+        })
+        .collect()
 }
 
 /// Splits on commas that are not inside brackets.
@@ -542,6 +652,54 @@ mod tests {
         assert_eq!(c.cachalot_reuse_min, 0);
         assert!(AllocatorConfig::parse("cachalot_reuse_min_mb:-1").is_err());
         assert!(AllocatorConfig::parse(&format!("cachalot_reuse_min_mb:{}", u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn pytorch_settings_lie_under_cachalots() {
+        let c = AllocatorConfig::layered(
+            "expandable_segments:True, max_split_size_mb:64,pinned_reserve_segment_size_mb:8",
+            "max_split_size_mb:128",
+        )
+        .unwrap();
+        assert_eq!(c.policy, PolicyKind::Pytorch);
+        assert!(c.expandable_segments);
+        assert_eq!(c.max_split_size, Some(128 * MIB), "cachalot's string wins");
+        assert_eq!(
+            c.source,
+            "expandable_segments:True, max_split_size_mb:64,pinned_reserve_segment_size_mb:8,max_split_size_mb:128"
+        );
+        let c = AllocatorConfig::layered("expandable_segments:True", "policy:cachalot").unwrap();
+        assert_eq!(
+            c.policy,
+            PolicyKind::Cachalot,
+            "PyTorch's keys are taken, and unused"
+        );
+        assert_eq!(
+            AllocatorConfig::layered("", "").unwrap(),
+            AllocatorConfig::default()
+        );
+        assert!(matches!(
+            AllocatorConfig::layered("policy:cachalot", ""),
+            Err(ConfigError::NotPytorchKey(_))
+        ));
+        assert!(AllocatorConfig::layered("", "policy:cachalot,expandable_segments:True").is_err());
+        assert!(AllocatorConfig::layered("max_split_size_mb:2", "").is_err());
+        assert!(AllocatorConfig::layered("large_segment_size_mb:20", "").is_ok());
+        assert!(AllocatorConfig::layered("large_segment_size_mb:40", "").is_err());
+        assert!(AllocatorConfig::layered("release_lock_on_hipmalloc:True", "").is_ok());
+    }
+
+    #[test]
+    fn placement_settings_round_trip() {
+        let c = AllocatorConfig::parse("policy:pytorch,cachalot_extent_mb:8").unwrap();
+        let s = PlacementSettings {
+            max_split_size: Some(40 * MIB),
+            garbage_collection_threshold: 0.5,
+            ..AllocatorConfig::default().placement_settings()
+        };
+        let d = c.with_placement_settings(&s);
+        assert_eq!(d.placement_settings(), s);
+        assert_eq!(d.cachalot_extent, 8 * MIB, "other keys stay");
     }
 
     #[test]

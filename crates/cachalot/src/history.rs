@@ -163,6 +163,9 @@ pub struct RecordedEvent {
     pub event: TraceEvent,
     /// Where it happened, when backtraces are on.
     pub stack: Option<Arc<Stack>>,
+    /// What the caller of the call that caused it tagged that call with
+    /// ([`History::record`]; 0: untagged).
+    pub tag: u64,
 }
 
 /// An allocation live at the moment of asking.
@@ -261,7 +264,7 @@ impl History {
             size: active_bytes,
             stream: StreamId::DEFAULT,
         };
-        self.on_event(&event);
+        self.record(&event, 0);
     }
 
     fn wants_stack(&self, action: Action) -> bool {
@@ -269,8 +272,11 @@ impl History {
     }
 }
 
-impl Observer for History {
-    fn on_event(&self, event: &TraceEvent) {
+impl History {
+    /// Records `event`, tagged with `tag`: an id the program that drives the
+    /// allocator gave the call that caused it (the PyTorch plug-in keeps
+    /// Python stacks under such ids). An [`Observer`] call records tag 0.
+    pub fn record(&self, event: &TraceEvent, tag: u64) {
         if self.config.skip.contains(&event.action) {
             return;
         }
@@ -314,7 +320,14 @@ impl Observer for History {
             seq,
             event: *event,
             stack,
+            tag,
         });
+    }
+}
+
+impl Observer for History {
+    fn on_event(&self, event: &TraceEvent) {
+        self.record(event, 0);
     }
 }
 
@@ -368,6 +381,15 @@ mod tests {
             4,
             "a reused address is a new allocation"
         );
+    }
+
+    #[test]
+    fn events_keep_their_callers_tag() {
+        let h = History::new(HistoryConfig::default());
+        h.record(&ev(Action::Alloc, 1, 1), 7);
+        h.on_event(&ev(Action::FreeRequested, 1, 1));
+        let tags: Vec<u64> = h.events().iter().map(|r| r.tag).collect();
+        assert_eq!(tags, [7, 0]);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{DevicePtr, StreamId};
+use crate::backend::{BackendResult, DevicePtr, StreamId};
 use crate::error::{Error, Result};
 
 /// A private pool's name: PyTorch's `MempoolId_t`, a pair of integers. CUDA
@@ -75,6 +75,24 @@ pub struct PoolAllocation {
     pub stream: StreamId,
 }
 
+/// Where a private pool's segments come from when not from the device
+/// (`torch.cuda.MemPool(allocator=...)`: the blocks of such a pool are carved
+/// out of memory the program's own allocator hands over, as in PyTorch).
+pub trait SegmentSource: Send + Sync + fmt::Debug {
+    /// `size` bytes for a new segment.
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`](crate::backend::BackendError::OutOfMemory)
+    /// when the source has none to give.
+    fn allocate(&self, size: u64) -> BackendResult<DevicePtr>;
+
+    /// Takes back a segment of `size` bytes that [`SegmentSource::allocate`] gave.
+    ///
+    /// # Errors
+    /// The source's failure; the segment stays the allocator's.
+    fn free(&self, ptr: DevicePtr, size: u64) -> BackendResult<()>;
+}
+
 /// Which streams' requests a route takes: called with the request's stream,
 /// on the requesting thread.
 pub type RouteFilter = Arc<dyn Fn(StreamId) -> bool + Send + Sync>;
@@ -95,6 +113,8 @@ pub(crate) struct PoolRecord {
 pub(crate) struct PoolBook {
     records: HashMap<PoolId, PoolRecord>,
     routes: Vec<(PoolId, RouteFilter)>,
+    /// The segment sources of pools that have one, by slot.
+    sources: HashMap<u32, Arc<dyn SegmentSource>>,
     free_slots: Vec<u32>,
     next_slot: u32,
 }
@@ -166,6 +186,7 @@ impl PoolBook {
     /// Forgets pool `id` (freeable and holding no memory); its slot is reused.
     pub(crate) fn forget(&mut self, id: PoolId) {
         if let Some(r) = self.records.remove(&id) {
+            self.sources.remove(&r.slot);
             self.free_slots.push(r.slot);
         }
     }
@@ -208,6 +229,18 @@ impl PoolBook {
             .collect();
         ids.sort();
         ids
+    }
+
+    /// Makes `source` give pool `id`'s new segments.
+    pub(crate) fn set_source(&mut self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        let slot = self.require(id)?.slot;
+        self.sources.insert(slot, source);
+        Ok(())
+    }
+
+    /// The segment source of the pool in `slot`, if it has one.
+    pub(crate) fn source(&self, slot: u32) -> Option<Arc<dyn SegmentSource>> {
+        self.sources.get(&slot).cloned()
     }
 
     /// Opens a route to pool `id` (which must exist).

@@ -194,3 +194,114 @@ fn emptying_one_pool_waits_only_for_its_blocks() {
     a.validate().unwrap();
     assert_eq!(a.memory_reserved(), 0);
 }
+
+#[test]
+fn settings_changed_at_run_time_apply_from_the_next_call() {
+    let (_, a) = make("", 8 << 30);
+    let allocated = |a: &PytorchAllocator| a.stats().allocated_bytes.all.current as u64;
+    let x = a.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(allocated(&a), 84 * MIB);
+    let mut settings = a.config().placement_settings();
+    settings.roundup_power2_divisions = [4; 16];
+    a.set_placement_settings(&settings);
+    let y = a.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(
+        allocated(&a),
+        84 * MIB + 96 * MIB,
+        "64 MiB to 128 MiB in steps of 16"
+    );
+    settings.expandable_segments = true;
+    settings.max_split_size = Some(40 * MIB);
+    a.set_placement_settings(&settings);
+    let z = a.malloc(30 * MIB, S0).unwrap();
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.iter().filter(|s| s.is_expandable).count(), 1);
+    assert_eq!(snap.segments.iter().filter(|s| !s.is_expandable).count(), 2);
+    let st = a.stats();
+    assert_eq!(st.max_split_size, 40 * MIB as i64);
+    assert_eq!(
+        st.oversize_allocations.current, 2,
+        "x and y, counted under the new limit"
+    );
+    a.validate().unwrap();
+    settings = AllocatorConfig::default().placement_settings();
+    a.set_placement_settings(&settings);
+    for p in [x, y, z] {
+        a.free(p).unwrap();
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    assert_eq!(a.stats().max_split_size, -1);
+    a.validate().unwrap();
+}
+
+/// A pool's own allocator: hands out addresses of a range of its own and
+/// counts its calls.
+#[derive(Debug, Default)]
+struct OwnAllocator {
+    next: std::sync::atomic::AtomicU64,
+    live: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl cachalot::private_pool::SegmentSource for OwnAllocator {
+    fn allocate(&self, size: u64) -> cachalot::backend::BackendResult<u64> {
+        let at = (1 << 44)
+            + self
+                .next
+                .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        self.live.lock().unwrap().push((at, size));
+        Ok(at)
+    }
+
+    fn free(&self, ptr: u64, size: u64) -> cachalot::backend::BackendResult<()> {
+        let mut live = self.live.lock().unwrap();
+        let at = live
+            .iter()
+            .position(|s| *s == (ptr, size))
+            .expect("a segment it gave");
+        live.remove(at);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it() {
+    use cachalot::private_pool::PoolId;
+    let (sim, a) = make("expandable_segments:True", 8 << 30);
+    let own = Arc::new(OwnAllocator::default());
+    let pool = PoolId(0, 7);
+    a.create_pool(pool).unwrap();
+    a.set_pool_source(pool, own.clone()).unwrap();
+    a.begin_allocate_to_pool(pool, Arc::new(|_| true)).unwrap();
+    let x = a.malloc(MIB, S0).unwrap();
+    let y = a.malloc(MIB, S0).unwrap();
+    let z = a.malloc(MIB, S0).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    assert_eq!(
+        own.live.lock().unwrap().len(),
+        2,
+        "two small segments of 2 MiB"
+    );
+    assert!(x >= 1 << 44 && y == x + MIB && z >= 1 << 44);
+    let outside = a.malloc(MIB, S0).unwrap();
+    let snap = a.snapshot();
+    assert_eq!(
+        snap.segments.iter().filter(|s| s.is_expandable).count(),
+        1,
+        "the default pool maps pages"
+    );
+    assert_eq!(snap.segments.iter().filter(|s| !s.is_expandable).count(), 2);
+    for p in [x, y, z, outside] {
+        a.free(p).unwrap();
+    }
+    a.release_pool(pool).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert!(
+        own.live.lock().unwrap().is_empty(),
+        "given back to the pool's allocator"
+    );
+    assert_eq!(a.memory_reserved(), 0);
+    assert_eq!(sim.inner().live_objects(), 0);
+    a.validate().unwrap();
+}

@@ -10,6 +10,8 @@
 // (cachalot_torch/_extension.py). docs/torch-plugin.md lists every method.
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -21,102 +23,21 @@
 #include <torch/extension.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdint>
-#include <deque>
+#include <cstdio>
 #include <functional>
-#include <unordered_set>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
-extern "C" {
-// The cachalot library's C ABI (libcachalot_torch.so); status 0 ok, 1 out of
-// memory, 2 any other failure with the reason in *message.
-struct cachalot_oom_info {
-  int64_t device;
-  uint64_t allocated;
-  uint64_t device_total;
-  uint64_t device_free;
-};
-struct cachalot_segment_row {
-  int64_t device;
-  uint64_t address, total_size, requested_size, allocated_size, active_size;
-  uint64_t stream;
-  uint8_t is_large, is_expandable;
-  size_t first_block, block_count;
-  uint64_t pool_id[2];
-};
-struct cachalot_block_row {
-  uint64_t address, size, requested_size;
-  uint8_t allocated, active;
-};
-struct cachalot_trace_row {
-  int64_t device;
-  uint32_t action;
-  uint64_t addr, size, stream, time_unix_us;
-};
-struct cachalot_snapshot {
-  const cachalot_segment_row* segments;
-  size_t segment_count;
-  const cachalot_block_row* blocks;
-  size_t block_count;
-  const cachalot_trace_row* trace;
-  size_t trace_count;
-};
-int cachalot_init();
-char* cachalot_config();
-void cachalot_string_free(char*);
-char* cachalot_last_error();
-int cachalot_malloc(size_t, int, void*, void**, char**, cachalot_oom_info*);
-int cachalot_free_any(void*, char**);
-int cachalot_record_stream_to(void*, void*, char**);
-int cachalot_release_cache(char**);
-int cachalot_limit_fraction(double, int, char**);
-int cachalot_device_stats(int, int64_t*, size_t, char**);
-int cachalot_reset_peaks(int, char**);
-int cachalot_reset_totals(int, char**);
-int cachalot_largest_free_block(int, size_t*, char**);
-int cachalot_segment_of(void*, void**, size_t*, char**);
-int cachalot_set_history(int, size_t, uint32_t, int, char**);
-cachalot_snapshot* cachalot_snapshot_take(char**);
-void cachalot_snapshot_free(cachalot_snapshot*);
-int cachalot_pool_begin(int, uint64_t, uint64_t, int (*)(void*, void*), void (*)(void*), void*, char**);
-int cachalot_pool_end(int, uint64_t, uint64_t, char**);
-int cachalot_pool_create(int, uint64_t, uint64_t, char**);
-int cachalot_pool_release(int, uint64_t, uint64_t, char**);
-int cachalot_pool_use_count(int, uint64_t, uint64_t, int*, char**);
-int cachalot_pool_set_option(int, uint64_t, uint64_t, int, int, char**);
-int cachalot_pool_empty(int, uint64_t, uint64_t, char**);
-struct cachalot_pool_allocation {
-  uint64_t ptr, size, requested, stream;
-};
-int cachalot_pool_allocations(int, uint64_t, uint64_t, cachalot_pool_allocation*, size_t, size_t*, char**);
-int cachalot_pool_restore(int, uint64_t, uint64_t, const cachalot_pool_allocation*, size_t, char**);
-int cachalot_ipc_share(void*, uint8_t*, size_t, size_t*, uint64_t*, char**);
-int cachalot_ipc_open(int, const uint8_t*, size_t, void**, char**);
-int cachalot_ipc_close(void*, char**);
-int cachalot_stream_hash(int, void*, uint64_t, char**);
-
-// A route's filter, owned here and called back by the library with the
-// stream of each request while the route is open.
-struct cachalot_route {
-  std::function<bool(cudaStream_t)> filter;
-};
-static int cachalot_route_accepts(void* ctx, void* stream) noexcept {
-  try {
-    return static_cast<cachalot_route*>(ctx)->filter(static_cast<cudaStream_t>(stream)) ? 1 : 0;
-  } catch (...) {
-    return 0;
-  }
-}
-static void cachalot_route_drop(void* ctx) noexcept {
-  delete static_cast<cachalot_route*>(ctx);
-}
-}
+#include "cachalot_abi.h"
+#include "history.h"
+#include "uncached.h"
 
 namespace cachalot {
 
@@ -132,6 +53,10 @@ constexpr int kOom = 1;
 constexpr int kUseOnOom = 0;
 constexpr int kNoSplit = 1;
 constexpr size_t kStatsLen = 9 * 3 * 4 + 2 * 4 + 5 + 1;
+// Where allocated_bytes.all.current and reserved_bytes.all.current sit in
+// cachalot_device_stats's numbers (families of three pools of four numbers).
+constexpr size_t kAllocatedNow = 4 * 12;
+constexpr size_t kReservedNow = 5 * 12;
 
 // Takes a message the library allocated.
 std::string take(char* message) {
@@ -150,14 +75,6 @@ void check(int status, char** message, const char* what) {
   if (status != kOk) {
     TORCH_CHECK(false, "cachalot: ", what, ": ", take(*message));
   }
-}
-
-[[noreturn]] void unsupported(const char* what) {
-  TORCH_CHECK(
-      false,
-      "cachalot does not support ",
-      what,
-      " yet. Run this program on PyTorch's own allocator meanwhile.");
 }
 
 // A private pool's state at a checkpoint: its live allocations.
@@ -195,137 +112,31 @@ class RelaxedCapture {
 
 void deleter(void* ptr);
 
-// Event times: the library stamps microseconds since the Unix epoch; PyTorch's
-// trace entries hold c10's approximate clock, which the snapshot converts back.
-struct ClockMap {
-  c10::ApproximateClockToUnixTimeConverter::UnixAndApproximateTimePair start =
-      c10::ApproximateClockToUnixTimeConverter::measurePair();
+// A MemPool's own allocator (MemPool(allocator=...)), which gives the pool's
+// segments: the library calls it back for them, and releases it once the
+// pool and its last segment are gone (until then it outlives the Python
+// object, as in PyTorch).
+struct PoolSource {
+  std::shared_ptr<cca::CUDAAllocator> allocator;
 
-  c10::approx_time_t to_approx(uint64_t unix_us) const {
-    auto now = c10::ApproximateClockToUnixTimeConverter::measurePair();
-    double span_ns = double(now.t_ - start.t_);
-    double ticks_per_ns =
-        span_ns > 0 ? double(now.approx_t_ - start.approx_t_) / span_ns : 1.0;
-    double back_ns = double(now.t_) - double(unix_us) * 1000.0;
-    return static_cast<c10::approx_time_t>(
-        double(now.approx_t_) - back_ns * ticks_per_ns);
-  }
-};
-
-// The Python stacks PyTorch's context recorder gathers while history is on:
-// kept by address for live blocks and, in order, for the trace's events.
-class Contexts {
- public:
-  using Ctx = std::shared_ptr<c10::GatheredContext>;
-
-  void configure(
-      bool enabled,
-      cca::CreateContextFn recorder,
-      RecordContext when,
-      size_t max_entries,
-      bool clear) {
-    std::lock_guard<std::mutex> lock(mu_);
-    recorder_ = enabled ? recorder : nullptr;
-    when_ = enabled ? when : RecordContext::NEVER;
-    max_entries_ = max_entries;
-    if (clear || !enabled) {
-      allocs_.clear();
-      frees_.clear();
-    }
-    if (!enabled) {
-      live_.clear();
-    }
-    active_.store(recorder_ != nullptr && when_ != RecordContext::NEVER);
-  }
-
-  bool active() const {
-    return active_.load(std::memory_order_relaxed);
-  }
-
-  void on_alloc(void* ptr) {
-    if (!active() || ptr == nullptr) {
-      return;
-    }
-    Ctx ctx = gather();
-    std::lock_guard<std::mutex> lock(mu_);
-    live_[ptr] = ctx;
-    if (when_ >= RecordContext::ALLOC) {
-      push(allocs_, ptr, ctx);
+  static void* allocate(void* ctx, size_t size) noexcept {
+    try {
+      return static_cast<PoolSource*>(ctx)->allocator->raw_alloc(size);
+    } catch (...) {
+      return nullptr;
     }
   }
-
-  void on_free(void* ptr) {
-    if (!active() || ptr == nullptr) {
-      return;
-    }
-    Ctx ctx = when_ == RecordContext::ALL ? gather() : nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(ptr);
-    if (ctx) {
-      push(frees_, ptr, ctx);
+  static int free(void* ctx, void* ptr, size_t) noexcept {
+    try {
+      static_cast<PoolSource*>(ctx)->allocator->raw_delete(ptr);
+      return 0;
+    } catch (...) {
+      return 1;
     }
   }
-
-  Ctx of_block(uint64_t address) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.find(reinterpret_cast<void*>(address));
-    return it == live_.end() ? nullptr : it->second;
+  static void drop(void* ctx) noexcept {
+    delete static_cast<PoolSource*>(ctx);
   }
-
-  // Stacks for the trace's alloc and free_requested events, matched newest
-  // first by address (both lists keep the same order per address).
-  std::vector<Ctx> of_trace(const cachalot_trace_row* rows, size_t n) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Ctx> out(n);
-    auto by_addr = [](const std::deque<std::pair<void*, Ctx>>& list) {
-      std::unordered_map<void*, std::vector<Ctx>> m;
-      for (const auto& [ptr, ctx] : list) {
-        m[ptr].push_back(ctx);
-      }
-      return m;
-    };
-    auto allocs = by_addr(allocs_);
-    auto frees = by_addr(frees_);
-    for (size_t i = n; i-- > 0;) {
-      auto* m = rows[i].action == TraceEntry::ALLOC ? &allocs
-          : rows[i].action == TraceEntry::FREE_REQUESTED ? &frees
-                                                          : nullptr;
-      if (m == nullptr) {
-        continue;
-      }
-      auto it = m->find(reinterpret_cast<void*>(rows[i].addr));
-      if (it != m->end() && !it->second.empty()) {
-        out[i] = it->second.back();
-        it->second.pop_back();
-      }
-    }
-    return out;
-  }
-
- private:
-  Ctx gather() {
-    cca::CreateContextFn recorder;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      recorder = recorder_;
-    }
-    return recorder ? recorder() : nullptr;
-  }
-
-  void push(std::deque<std::pair<void*, Ctx>>& list, void* ptr, Ctx ctx) {
-    list.emplace_back(ptr, std::move(ctx));
-    if (max_entries_ > 0 && list.size() > max_entries_) {
-      list.pop_front();
-    }
-  }
-
-  std::mutex mu_;
-  std::atomic<bool> active_{false};
-  cca::CreateContextFn recorder_ = nullptr;
-  RecordContext when_ = RecordContext::NEVER;
-  size_t max_entries_ = 0;
-  std::unordered_map<void*, Ctx> live_;
-  std::deque<std::pair<void*, Ctx>> allocs_, frees_;
 };
 
 class CachalotAllocator final : public cca::CUDAAllocator {
@@ -365,28 +176,27 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
   void free_ptr(void* ptr, bool raise) {
-    if (ptr == nullptr) {
+    if (ptr == nullptr || uncached_.free(ptr)) {
       return;
     }
-    contexts_.on_free(ptr);
+    history_.on_free(ptr);
     // Asked only when tracked: at exit, with CUDA going away, asking throws.
     if (has_trackers_.load(std::memory_order_relaxed)) {
       track(TraceEntry::FREE_REQUESTED, c10::cuda::current_device(), ptr, 0, nullptr);
     }
+    report_free(ptr);
     char* message = nullptr;
-    if (cachalot_free_any(ptr, &message) != kOk) {
+    int status;
+    {
+      TaggedCall tag(history_, CallKind::Other);
+      status = cachalot_free_any(ptr, &message);
+    }
+    if (status != kOk) {
       std::string text = take(message);
       if (raise) {
         TORCH_CHECK(false, "cachalot: free: ", text);
       }
       TORCH_WARN("cachalot: free: ", text);
-      return;
-    }
-    if (!enabled_.load(std::memory_order_relaxed)) {
-      char* ignored = nullptr;
-      if (cachalot_release_cache(&ignored) != kOk) {
-        TORCH_WARN("cachalot: empty_cache after a free: ", take(ignored));
-      }
     }
   }
 
@@ -402,8 +212,10 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       message = cachalot_last_error();
       check(2, &message, "init");
     }
+    // PyTorch's own parse of its settings (it raises for a bad value).
+    double fraction = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::per_process_memory_fraction();
     std::lock_guard<std::mutex> lock(mu_);
-    fractions_.assign(std::max(device_count, 0), 1.0);
+    fractions_.assign(std::max(device_count, 0), fraction);
     device_count_.store(std::max(device_count, 1));
   }
 
@@ -473,12 +285,14 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     char* message = nullptr;
     if (!is_default(mempool_id)) {
       int device = c10::cuda::current_device();
+      TaggedCall tag(history_, CallKind::Other);
       check(
           cachalot_pool_empty(device, mempool_id.first, mempool_id.second, &message),
           &message,
           "empty_cache of a private pool");
       return;
     }
+    TaggedCall tag(history_, CallKind::Other);
     check(cachalot_release_cache(&message), &message, "empty_cache");
   }
 
@@ -587,12 +401,27 @@ class CachalotAllocator final : public cca::CUDAAllocator {
         cachalot_set_history(enabled ? 1 : 0, alloc_trace_max_entries, mask, clearHistory ? 1 : 0, &message),
         &message,
         "_record_memory_history");
-    contexts_.configure(enabled, context_recorder, when, alloc_trace_max_entries, clearHistory);
-    history_on_.store(enabled);
+    history_.configure(enabled, context_recorder, when, alloc_trace_max_entries, clearHistory);
   }
 
   bool isHistoryEnabled() override {
-    return history_on_.load();
+    return history_.active();
+  }
+
+  void pushCompileContext(std::string& md) override {
+    history_.push_compile_context(md);
+  }
+
+  void popCompileContext() override {
+    history_.pop_compile_context();
+  }
+
+  void setUserMetadata(const std::string& metadata) override {
+    history_.set_user_metadata(metadata);
+  }
+
+  std::string getUserMetadata() override {
+    return history_.user_metadata();
   }
 
   cca::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
@@ -611,7 +440,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       if (!include_traces) {
         return;
       }
-      auto contexts = contexts_.of_trace(s.trace, s.trace_count);
+      std::vector<EventTag> tags = history_.resolve(s.trace, s.trace_count);
       for (size_t i = 0; i < s.trace_count; ++i) {
         const auto& row = s.trace[i];
         if (row.device < 0) {
@@ -628,7 +457,9 @@ class CachalotAllocator final : public cca::CUDAAllocator {
             reinterpret_cast<void*>(row.stream),
             MempoolId_t{0, 0},
             clock_.to_approx(row.time_unix_us),
-            contexts[i]);
+            std::move(tags[i].context),
+            std::move(tags[i].compile_context),
+            std::move(tags[i].user_metadata));
       }
     });
     info.config_metadata = config_info();
@@ -687,12 +518,14 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override {
+    TaggedCall tag(history_, CallKind::Other);
     char* message = nullptr;
     check(cachalot_pool_end(device, id.first, id.second, &message), &message, "endAllocateToPool");
     routes_.fetch_sub(1);
   }
 
   void releasePool(c10::DeviceIndex device, MempoolId_t id) override {
+    TaggedCall tag(history_, CallKind::Other);
     char* message = nullptr;
     check(cachalot_pool_release(device, id.first, id.second, &message), &message, "releasePool");
   }
@@ -711,11 +544,21 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       c10::DeviceIndex device,
       MempoolId_t id,
       std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    if (allocator) {
-      unsupported("a MemPool with an allocator of its own (MemPool(allocator=...))");
-    }
     char* message = nullptr;
     check(cachalot_pool_create(device, id.first, id.second, &message), &message, "createOrIncrefPool");
+    if (allocator) {
+      // The library owns the source from here on, and drops it on failure too.
+      auto* source = new PoolSource{std::move(allocator)};
+      int status = cachalot_pool_set_source(
+          device, id.first, id.second, &PoolSource::allocate, &PoolSource::free, &PoolSource::drop, source, &message);
+      if (status != kOk) {
+        char* ignored = nullptr;
+        if (cachalot_pool_release(device, id.first, id.second, &ignored) != kOk) {
+          take(ignored);
+        }
+        check(status, &message, "MemPool(allocator=...)");
+      }
+    }
   }
 
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
@@ -758,6 +601,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(checkpoint != nullptr, "cachalot: setCheckpointPoolState: a checkpoint cachalot did not take");
     MempoolId_t pool = checkpoint->pool;
     std::vector<cachalot_pool_allocation> before = pool_allocations(device, pool);
+    TaggedCall tag(history_, CallKind::Alloc);
     char* message = nullptr;
     check(
         cachalot_pool_restore(
@@ -767,12 +611,12 @@ class CachalotAllocator final : public cca::CUDAAllocator {
     cca::CheckpointDelta delta;
     for (const auto& a : before) {
       void* ptr = reinterpret_cast<void*>(a.ptr);
-      contexts_.on_free(ptr);
+      history_.on_free(ptr);
       delta.ptrs_freed.push_back(ptr);
     }
     for (const auto& a : checkpoint->live) {
       void* ptr = reinterpret_cast<void*>(a.ptr);
-      contexts_.on_alloc(ptr);
+      history_.on_alloc(ptr, tag.context());
       delta.dataptrs_allocd.emplace_back(ptr, ptr, &deleter, c10::Device(c10::DeviceType::CUDA, device));
     }
     return delta;
@@ -873,10 +717,14 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   }
 
   void* malloc_on(size_t nbytes, c10::DeviceIndex device, cudaStream_t stream) {
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      return uncached_.malloc(nbytes, device);
+    }
     void* ptr = nullptr;
     char* message = nullptr;
     cachalot_oom_info oom{};
     int status;
+    TaggedCall tag(history_, CallKind::Alloc);
     {
       RelaxedCapture relaxed(routes_.load(std::memory_order_relaxed) > 0);
       status = cachalot_malloc(nbytes, device, stream, &ptr, &message, &oom);
@@ -887,9 +735,54 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, text);
     }
     check(status, &message, "allocation");
-    contexts_.on_alloc(ptr);
+    history_.on_alloc(ptr, tag.context());
     track(TraceEntry::ALLOC, device, ptr, nbytes, stream);
+    report_alloc(ptr, nbytes, device);
     return ptr;
+  }
+
+  // PyTorch's profiler (profile_memory=True) hears of every allocation and
+  // free with the device's totals, as from PyTorch's own allocator. The sizes
+  // of blocks handed out while it listens are kept to report their frees.
+  void report_alloc(void* ptr, size_t nbytes, c10::DeviceIndex device) {
+    if (!c10::memoryProfilingEnabled()) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      profiled_[ptr] = {nbytes, device};
+      has_profiled_.store(true);
+    }
+    report_usage(ptr, static_cast<int64_t>(nbytes), device);
+  }
+
+  void report_free(void* ptr) {
+    if (!has_profiled_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    std::pair<size_t, c10::DeviceIndex> block;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = profiled_.find(ptr);
+      if (it == profiled_.end()) {
+        return;
+      }
+      block = it->second;
+      profiled_.erase(it);
+      has_profiled_.store(!profiled_.empty());
+    }
+    report_usage(ptr, -static_cast<int64_t>(block.first), block.second);
+  }
+
+  void report_usage(void* ptr, int64_t delta, c10::DeviceIndex device) {
+    int64_t n[kStatsLen];
+    char* message = nullptr;
+    if (cachalot_device_stats(device, n, kStatsLen, &message) != kOk) {
+      take(message);
+      return;
+    }
+    c10::reportMemoryUsageToProfiler(
+        ptr, delta, n[kAllocatedNow], n[kReservedNow], c10::Device(c10::DeviceType::CUDA, device));
   }
 
   void notify_oom(const cachalot_oom_info& oom) {
@@ -962,7 +855,7 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       info.allocated = block.allocated != 0;
       info.active = block.active != 0;
       if (info.active) {
-        info.context_when_allocated = contexts_.of_block(block.address);
+        info.context_when_allocated = history_.of_block(block.address);
       }
       seg.blocks.push_back(std::move(info));
     }
@@ -985,13 +878,15 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   std::set<std::pair<int, cudaStream_t>> hashed_;  // streams whose hash cachalot knows
   std::atomic<int> device_count_{0};
   std::atomic<bool> enabled_{true};
-  std::atomic<bool> history_on_{false};
+  std::atomic<bool> has_profiled_{false};
+  std::unordered_map<void*, std::pair<size_t, c10::DeviceIndex>> profiled_;  // blocks the profiler heard of
+  UncachedAllocations uncached_;
   std::atomic<bool> has_trackers_{false};
   std::atomic<int> routes_{0};
   std::vector<double> fractions_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::AllocatorTraceTracker> trackers_;
-  Contexts contexts_;
+  History history_;
   ClockMap clock_;
 };
 
@@ -1012,8 +907,42 @@ void deleter(void* ptr) {
   }
 }
 
-// Makes cachalot PyTorch's CUDA allocator. PyTorch refuses once its own
-// allocator is initialized (CUDA was initialized in this process).
+// Hands PyTorch's device-allocator settings, as its parser left them, to
+// the library.
+void pass_settings() {
+  using Config = c10::CachingAllocator::AcceleratorAllocatorConfig;
+  cachalot_settings row{};
+  size_t split = Config::max_split_size();
+  row.max_split_size = split == std::numeric_limits<size_t>::max() ? UINT64_MAX : split;
+  row.max_non_split_rounding = Config::max_non_split_rounding_size();
+  const std::vector<size_t>& divisions = Config::roundup_power2_divisions();
+  for (size_t i = 0; i < 16 && i < divisions.size(); ++i) {
+    row.roundup_power2_divisions[i] = divisions[i];
+  }
+  row.garbage_collection_threshold = Config::garbage_collection_threshold();
+  row.expandable_segments = Config::use_expandable_segments() ? 1 : 0;
+  char* message = nullptr;
+  check(cachalot_set_placement_settings(&row, &message), &message, "_set_allocator_settings");
+}
+
+// PyTorch calls its configuration hook after each change of its settings at
+// run time (torch.cuda.memory._set_allocator_settings): cachalot wraps it, so
+// the change reaches its devices too, from their next call on.
+void follow_settings() {
+  auto& hook = c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
+  std::function<void(const std::string&)> previous = hook;
+  hook = [previous](const std::string& env) {
+    if (previous) {
+      previous(env);
+    }
+    pass_settings();
+  };
+}
+
+// Makes cachalot PyTorch's CUDA allocator, for torch.cuda's functions and for
+// torch.accelerator's (which ask c10's table of allocators by device type).
+// PyTorch refuses once its own allocator is initialized (CUDA was initialized
+// in this process).
 void install() {
   if (instance()) {
     return;
@@ -1029,7 +958,9 @@ void install() {
       ") is already in use.");
   auto allocator = std::make_shared<CachalotAllocator>();
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/UINT8_MAX);
   instance() = allocator;
+  follow_settings();
 }
 
 bool installed() {

@@ -3,7 +3,9 @@
 //!
 //! * Segments are `cuMemAlloc`/`cuMemFree`; virtual memory is `cuMemAddressReserve`,
 //!   `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`,
-//!   `cuMemAddressFree`, with pages of the device's minimum granularity.
+//!   `cuMemAddressFree`, with pages of the device's minimum granularity. Pages
+//!   are mapped readable and writable by the device and by every GPU that can
+//!   reach it as a peer, so several GPUs of one process share tensors.
 //! * Each backend serves one device through that device's primary context, made
 //!   current on the calling thread before each call (once per thread, remembered).
 //!   Several backends, one per device, give several devices.
@@ -43,6 +45,8 @@ use super::{
 pub struct CudaBackend {
     caps: Capabilities,
     ctx: Context,
+    /// What pages are mapped with: access for the device and its peers.
+    access: Vec<sys::CUmemAccessDesc>,
     registry: RwLock<Registry>,
     /// Whether pages are created exportable (cleared when the driver refuses).
     shareable_pages: AtomicBool,
@@ -99,9 +103,15 @@ impl CudaBackend {
                 0
             },
         };
+        let access = if virtual_memory {
+            driver::access_descriptors(device)?
+        } else {
+            Vec::new()
+        };
         Ok(CudaBackend {
             caps,
             ctx,
+            access,
             registry: RwLock::new(Registry::default()),
             shareable_pages: AtomicBool::new(true),
             opened: Mutex::new(HashSet::new()),
@@ -461,11 +471,11 @@ impl Backend for CudaBackend {
         check(call, 0, || unsafe {
             sys::cuMemMap(addr, bytes, 0, page.0, 0)
         })?;
-        let desc = driver::access_descriptor(self.ctx.device());
-        // SAFETY: `addr`/`bytes` is exactly the mapping made above; `desc` is one
-        // initialised descriptor on our stack.
+        let access = &self.access;
+        // SAFETY: `addr`/`bytes` is exactly the mapping made above; `access`
+        // holds `access.len()` initialised descriptors.
         if let Err(e) = check(call, 0, || unsafe {
-            sys::cuMemSetAccess(addr, bytes, &desc, 1)
+            sys::cuMemSetAccess(addr, bytes, access.as_ptr(), access.len())
         }) {
             // SAFETY: undoes the mapping made above, which nothing else knows of.
             let _ = check(CallKind::Unmap, 0, || unsafe {

@@ -268,7 +268,7 @@ pub(super) fn page_properties(device: sys::CUdevice, shareable: bool) -> sys::CU
 }
 
 /// Read/write access to a mapping for `device`.
-pub(super) fn access_descriptor(device: sys::CUdevice) -> sys::CUmemAccessDesc {
+fn access_descriptor(device: sys::CUdevice) -> sys::CUmemAccessDesc {
     sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -276,6 +276,33 @@ pub(super) fn access_descriptor(device: sys::CUdevice) -> sys::CUmemAccessDesc {
         },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     }
+}
+
+/// The access descriptors that pages of `device` are mapped with: read and
+/// write for `device` itself and for every device that can reach it as a peer
+/// (`cuDeviceCanAccessPeer`), so that a kernel or copy of another GPU of the
+/// process can use them, as with memory from `cuMemAlloc` once peer access is
+/// enabled.
+pub(super) fn access_descriptors(
+    device: sys::CUdevice,
+) -> BackendResult<Vec<sys::CUmemAccessDesc>> {
+    let mut out = vec![access_descriptor(device)];
+    for index in 0..c_int::try_from(device_count()?).unwrap_or(c_int::MAX) {
+        let mut peer: sys::CUdevice = 0;
+        // SAFETY: the driver is initialised and `index` is below the device count.
+        check(CallKind::MemInfo, 0, || unsafe {
+            sys::cuDeviceGet(&mut peer, index)
+        })?;
+        let mut can: c_int = 0;
+        // SAFETY: `can` is a valid out-pointer; both handles came from cuDeviceGet.
+        check(CallKind::MemInfo, 0, || unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, peer, device)
+        })?;
+        if peer != device && can != 0 {
+            out.push(access_descriptor(peer));
+        }
+    }
+    Ok(out)
 }
 
 /// The minimum page size (and mapping alignment) for `device`.

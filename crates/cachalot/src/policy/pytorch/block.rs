@@ -4,8 +4,11 @@
 //! A plain segment is one device allocation; an expandable segment is a reserved
 //! virtual range whose unmapped stretches are blocks with `mapped == false`.
 
+use std::sync::Arc;
+
 use super::arena::{arena_id, Arena};
 use crate::backend::{DevicePtr, EventId, StreamId};
+use crate::private_pool::SegmentSource;
 
 use super::expandable::ExpandableSegment;
 
@@ -115,6 +118,8 @@ pub(crate) struct Segment {
     pub(crate) head: BlockId,
     /// Page bookkeeping, for expandable segments.
     pub(crate) expandable: Option<ExpandableSegment>,
+    /// Where it came from, when not from the device (its pool's source).
+    pub(crate) source: Option<Arc<dyn SegmentSource>>,
 }
 
 /// Blocks by id.

@@ -23,10 +23,15 @@ impl State {
         {
             return Ok(None);
         }
-        if self.placement.expandable {
+        let source = self.book.source(req.pool);
+        if self.placement.expandable && source.is_none() {
             return self.alloc_expandable(req);
         }
-        let addr = match self.backend.allocate_segment(req.alloc_size) {
+        let allocated = match &source {
+            Some(s) => s.allocate(req.alloc_size),
+            None => self.backend.allocate_segment(req.alloc_size),
+        };
+        let addr = match allocated {
             Ok(addr) => addr,
             Err(e) => return out_of_memory_is_none(e),
         };
@@ -38,6 +43,7 @@ impl State {
             pool: req.pool,
             head: placeholder(),
             expandable: None,
+            source,
         });
         let id = self
             .blocks
@@ -107,6 +113,7 @@ impl State {
             pool: req.pool,
             head: placeholder(),
             expandable: Some(es),
+            source: None,
         });
         let mut b = new_block(req, base, size, segment, true);
         b.mapped = false;

@@ -39,6 +39,18 @@ impl Ledger {
         }
     }
 
+    /// A new split limit (`u64::MAX` = none), with the oversize allocations
+    /// and segments counted under it.
+    pub(crate) fn set_max_split_size(&mut self, limit: u64, allocations: i64, segments: i64) {
+        self.max_split_size = limit;
+        self.stats.max_split_size = if limit == u64::MAX { -1 } else { limit as i64 };
+        let s = &mut self.stats;
+        s.oversize_allocations
+            .update(allocations - s.oversize_allocations.current);
+        s.oversize_segments
+            .update(segments - s.oversize_segments.current);
+    }
+
     /// Installs or removes the observer.
     pub(crate) fn set_observer(&mut self, observer: Option<Arc<dyn Observer>>) {
         self.events.set(observer);

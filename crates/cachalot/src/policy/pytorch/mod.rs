@@ -44,11 +44,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::config::{AllocatorConfig, PolicyKind};
+use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::ipc::Backing;
-use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -120,6 +120,11 @@ impl DeviceAllocator for PytorchAllocator {
         &self.backend
     }
 
+    fn set_placement_settings(&self, settings: &PlacementSettings) {
+        self.lock()
+            .set_placement(&self.config.with_placement_settings(settings));
+    }
+
     fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {
         self.lock().malloc(size, stream)
     }
@@ -167,6 +172,10 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
         self.lock().book.set_options(id, options)
+    }
+
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        self.lock().book.set_source(id, source)
     }
 
     fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {

@@ -11,7 +11,10 @@ impl State {
     pub(crate) fn release_block(&mut self, id: BlockId) -> Result<()> {
         let b = &self.blocks[id];
         let (addr, size, small, stream, segment) = (b.addr, b.size, b.small, b.stream, b.segment);
-        self.backend.free_segment(addr)?;
+        match &self.segments[segment].source {
+            Some(source) => source.free(addr, size)?,
+            None => self.backend.free_segment(addr)?,
+        }
         self.uncache(id);
         self.blocks.remove(id);
         self.segments.remove(segment);

@@ -118,6 +118,33 @@ impl State {
         st
     }
 
+    /// Puts `config`'s placement settings in force. Oversize counts follow the
+    /// new split limit at once (PyTorch's drift, counted up under one limit
+    /// and down under another, would break the statistics' invariants).
+    pub(crate) fn set_placement(&mut self, config: &AllocatorConfig) {
+        let virtual_memory = self.backend.capabilities().virtual_memory;
+        self.placement = Placement::new(config, virtual_memory);
+        self.gc_threshold = config.garbage_collection_threshold;
+        let (allocations, segments) = self.oversize_counts();
+        self.ledger
+            .set_max_split_size(self.placement.max_split_size, allocations, segments);
+    }
+
+    /// Allocated blocks and plain segments at or above the split limit.
+    pub(crate) fn oversize_counts(&self) -> (i64, i64) {
+        let allocations = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.allocated && self.placement.is_oversize(b.size))
+            .count();
+        let segments = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.expandable.is_none() && self.placement.is_oversize(s.size))
+            .count();
+        (allocations as i64, segments as i64)
+    }
+
     /// Sets the memory fraction (already checked to lie in `[0, 1]`).
     pub(crate) fn set_fraction(&mut self, fraction: f64) {
         self.allowed =

@@ -236,12 +236,10 @@ impl State {
                     .or_default() += amount;
             }
         };
-        let (mut over_alloc, mut over_seg) = (0, 0);
         for (_, b) in self.blocks.iter() {
             if b.allocated {
                 add("allocation", b.small, 1);
                 add("allocated_bytes", b.small, b.size as i64);
-                over_alloc += i64::from(self.placement.is_oversize(b.size));
             }
             if b.is_active() {
                 add("active", b.small, 1);
@@ -259,10 +257,10 @@ impl State {
                 None => {
                     add("segment", seg.small, 1);
                     add("reserved_bytes", seg.small, seg.size as i64);
-                    over_seg += i64::from(self.placement.is_oversize(seg.size));
                 }
             }
         }
+        let (over_alloc, over_seg) = self.oversize_counts();
         want.insert("oversize_allocations.current".into(), over_alloc);
         want.insert("oversize_segments.current".into(), over_seg);
         let have = self.ledger.stats.to_map();
