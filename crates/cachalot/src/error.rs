@@ -222,6 +222,21 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// Formats a byte count for reports: as [`format_size`] up to 1 TiB, then
+/// two decimals of TiB or PiB (PyTorch's messages stop at GiB, and 256 TiB
+/// would read "262144.00 GiB").
+pub fn format_bytes(bytes: u64) -> String {
+    const TIB: u64 = 1 << 40;
+    const PIB: u64 = 1 << 50;
+    if bytes <= TIB {
+        format_size(bytes)
+    } else if bytes <= PIB {
+        format!("{:.2} TiB", bytes as f64 / TIB as f64)
+    } else {
+        format!("{:.2} PiB", bytes as f64 / PIB as f64)
+    }
+}
+
 /// A broken allocator invariant, found by `validate()`. Never expected: each one is
 /// a bug in cachalot.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -249,5 +264,12 @@ mod tests {
         assert_eq!(format_size(64 << 20), "64.00 MiB");
         assert_eq!(format_size(85017493504), "79.18 GiB");
         assert_eq!(format_size(850174935), "810.79 MiB");
+    }
+
+    #[test]
+    fn reports_go_past_gib() {
+        assert_eq!(format_bytes(80 << 30), "80.00 GiB");
+        assert_eq!(format_bytes(1 << 48), "256.00 TiB");
+        assert_eq!(format_bytes(3 << 50), "3.00 PiB");
     }
 }
