@@ -63,7 +63,8 @@ struct Report<'a> {
     #[serde(flatten)]
     ranking: &'a Ranking,
     fits: &'a [Fit],
-    /// The line to paste, when a candidate fits the device.
+    /// The line to paste: the best-ranked candidate that fits the device and
+    /// needs no larger a device than the default (see [`tune::recommend`]).
     recommended: Option<Recommendation>,
     /// The best setting of PyTorch's own allocator, when one fits.
     best_pytorch: Option<Recommendation>,
@@ -103,9 +104,8 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
         recording: crate::output::shown(&args.recording),
         ranking: &ranking,
         fits: &fits,
-        recommended: ranking.best(None).map(Recommendation::of),
-        best_pytorch: ranking
-            .best(Some(PolicyKind::Pytorch))
+        recommended: tune::recommend(&ranking, &fits, None).map(Recommendation::of),
+        best_pytorch: tune::recommend(&ranking, &fits, Some(PolicyKind::Pytorch))
             .map(Recommendation::of),
     };
     if args.json {
