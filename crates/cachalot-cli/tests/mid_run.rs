@@ -24,31 +24,40 @@ fn end_state(path: &str) -> (u64, u64) {
 
 #[test]
 fn every_subcommand_takes_every_cut_of_every_recording() {
+    let recordings = recordings();
+    // The recordings shared out over two threads, for CI's two cores.
+    std::thread::scope(|s| {
+        for half in recordings.chunks(recordings.len().div_ceil(2)) {
+            s.spawn(move || half.iter().for_each(|r| check_cuts(r)));
+        }
+    });
+}
+
+/// Every subcommand on ten cuts of `recording`.
+fn check_cuts(recording: &std::path::Path) {
     let dir = tempfile::tempdir().expect("a temp dir");
-    for recording in recordings() {
-        let path = recording.to_str().expect("utf-8 path");
-        let full = end_state(path);
-        let events: serde_json::Value =
-            serde_json::from_str(&succeeds(&["replay", path, "--json"])).expect("JSON");
-        let events = events["events"].as_u64().expect("events");
-        for k in 1..=10u64 {
-            let keep = (events * k / 11).max(1);
-            let cut = dir.path().join(format!("cut{k}.pickle"));
-            let cut = cut.to_str().expect("utf-8 path");
-            let keep_text = keep.to_string();
-            succeeds(&["summary", path, "--max-events", &keep_text, "--pickle", cut]);
-            assert_eq!(end_state(cut), full, "{path}: the last {keep} events");
-            succeeds(&["compare", cut]);
-            succeeds(&["summary", cut]);
-            succeeds(&["view", cut, "-o", "-"]);
-            if k % 4 == 1 {
-                let out = run(&["tune", cut, "--json"]);
-                assert!(
-                    out.status.success(),
-                    "{path}: tune on the last {keep}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+    let path = recording.to_str().expect("utf-8 path");
+    let full = end_state(path);
+    let events: serde_json::Value =
+        serde_json::from_str(&succeeds(&["replay", path, "--json"])).expect("JSON");
+    let events = events["events"].as_u64().expect("events");
+    for k in 1..=10u64 {
+        let keep = (events * k / 11).max(1);
+        let cut = dir.path().join(format!("cut{k}.pickle"));
+        let cut = cut.to_str().expect("utf-8 path");
+        let keep_text = keep.to_string();
+        succeeds(&["summary", path, "--max-events", &keep_text, "--pickle", cut]);
+        assert_eq!(end_state(cut), full, "{path}: the last {keep} events");
+        succeeds(&["compare", cut]);
+        succeeds(&["summary", cut]);
+        succeeds(&["view", cut, "-o", "-"]);
+        if k % 4 == 1 {
+            let out = run(&["tune", cut, "--json"]);
+            assert!(
+                out.status.success(),
+                "{path}: tune on the last {keep}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
 }
