@@ -14,11 +14,15 @@
 //!
 //! ```text
 //!   dropin   extern "C" entry points of the C++ allocator: status + message
-//!   ffi      extern "C" callbacks for C, the process's one Registry (OnceLock)
-//!   guard    catch_unwind at every entry point; errors become the last error
+//!   ffi      extern "C" callbacks for C
 //!   ipc      CUDA IPC: handles of live allocations, handles of other processes
-//!   report   summaries, history recording, snapshot pickles over the registry
+//!   pools    private pools (MemPool, CUDA graphs) and their segment sources
 //!   settings PyTorch's run-time settings (`_set_allocator_settings`)
+//!   reply    the status and message of the status-returning entry points
+//!   report   summaries, history recording, snapshot pickles over the registry
+//!   rows     the snapshot rows C reads
+//!   global   the process's one Registry (OnceLock), from the environment
+//!   guard    catch_unwind at every entry point; errors become the last error
 //!   registry one DeviceAllocator per device, created on first use
 //!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
@@ -42,11 +46,14 @@ pub mod device;
 pub mod dropin;
 pub mod error;
 pub mod ffi;
+pub mod global;
 pub mod guard;
 pub mod ipc;
 pub mod pools;
 pub mod registry;
+pub mod reply;
 pub mod report;
+pub mod rows;
 pub mod settings;
 pub mod streams;
 pub mod tags;

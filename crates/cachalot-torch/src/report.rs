@@ -10,9 +10,9 @@ use cachalot::history::HistoryConfig;
 use cachalot::snapshot::{BlockInfo, BlockState};
 use cachalot::snapshot_io::{pickle, SnapshotDump};
 
-use crate::dropin::{BlockRow, SegmentRow, TraceRow};
 use crate::error::{PluginError, PluginResult};
 use crate::registry::Registry;
+use crate::rows::{BlockRow, SegmentRow, TraceRow};
 
 /// PyTorch's `memory_summary(device, abbreviated)` table for `device`.
 ///
