@@ -52,9 +52,10 @@ def plan(torch, library):
         cxx = _build.find_compiler()
         cuda = _build.find_cuda(torch.cuda)
     except SetupError as e:
-        carried = ", ".join(build["key"] for build in prebuilt()) or "none"
-        raise SetupError(f"cachalot_torch: this wheel's prebuilt allocators ({carried}) are not for torch "
-                         f"{torch.version}, so its allocator compiles on first use: {e}") from None
+        carried = ", ".join(build["key"] for build in prebuilt())
+        shipped = f"carries the allocator prebuilt for {carried} only" if carried else "carries no prebuilt allocator"
+        raise SetupError(f"cachalot_torch: this installation {shipped}, so under torch {torch.version} it "
+                         f"compiles on first use: {e}") from None
     libdir = pathlib.Path(library).parent
     return Plan("compile", cached, tuple(_build.command(cxx, torch, cuda, libdir, rpath=str(libdir))), cuda)
 

@@ -172,8 +172,8 @@ def test_another_torch_without_a_compiler_says_to_install_one(venv, tmp_path):
     torch = stand_in(tmp_path, version="2.12.0+cu130")
     out = use(venv, torch=torch)
     assert out.returncode == 1
-    assert "prebuilt allocators (torch2.11-cu13) are not for torch 2.12.0+cu130, so its allocator compiles on " \
-        "first use: compiling the C++ allocator needs a C++17 compiler" in last_line(out)
+    assert "carries the allocator prebuilt for torch2.11-cu13 only, so under torch 2.12.0+cu130 it compiles " \
+        "on first use: compiling the C++ allocator needs a C++17 compiler" in last_line(out)
     assert "needs a C++17 compiler (g++ 9 or later), and neither c++ nor g++ is on PATH" in last_line(out)
     assert "`apt install g++`" in last_line(out)
     out = run(venv, "python", "-m", "cachalot_torch", torch=torch)
