@@ -58,9 +58,11 @@ class Torch:
     @property
     def key(self):
         """The releases one build serves: torch's major.minor and CUDA's major
-        (``torch2.11-cu13``), as binary wheels for PyTorch are tagged."""
-        major, minor = self.version.split(".")[:2]
-        return f"torch{major}.{minor}-cu{self.cuda_major}"
+        (``torch2.11-cu13``), as binary wheels for PyTorch are tagged. None for
+        a pre-release or a build from source (``2.12.0.dev20260301``,
+        ``2.11.0a0+git70d99e9``), whose headers may differ from the release's."""
+        release = re.fullmatch(r"(\d+)\.(\d+)\.\d+(\+\w+)?", self.version)
+        return f"torch{release[1]}.{release[2]}-cu{self.cuda_major}" if release else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +125,7 @@ def _nvidia_wheels(major):
                [f / "lib" for f in folders])
 
 
-def wheels_fix(cuda):
+def _wheels_fix(cuda):
     """The pip command that installs CUDA ``cuda``'s headers as wheels."""
     major = int(cuda.split(".")[0])
     if major >= 13:
@@ -148,7 +150,7 @@ def _look(sources, cuda):
     raise SetupError(
         f"compiling the C++ allocator needs CUDA {major}'s headers "
         f"({', '.join(CUDA_HEADERS)}) and libcudart.so.{major}, as torch was built with CUDA {cuda}; "
-        f"looked at {'; '.join(looked) or 'nothing'}. Install them as wheels: {wheels_fix(cuda)}; "
+        f"looked at {'; '.join(looked) or 'nothing'}. Install them as wheels: {_wheels_fix(cuda)}; "
         f"or set CUDA_HOME to a CUDA {major} toolkit."
     )
 

@@ -42,8 +42,8 @@ def cache_root():
 def plan(torch, library):
     """How the allocator for ``torch`` is had. Raises :class:`SetupError` with
     the fix when it must be compiled and this machine cannot."""
-    shipped = PREBUILT / torch.key / _build.OUTPUT
-    if shipped.exists():
+    shipped = torch.key and PREBUILT / torch.key / _build.OUTPUT
+    if shipped and shipped.exists():
         return Plan("prebuilt", shipped)
     cached = cache_root() / f"{__version__}-torch{torch.version}-{_build.fingerprint(torch.version)}" / _build.OUTPUT
     if cached.exists():

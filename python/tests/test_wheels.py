@@ -149,6 +149,13 @@ def test_torch_2_11_with_cuda_13_gets_the_prebuilt_allocator(venv, tmp_path):
     assert "GPU                   none" in out.stdout
 
 
+def test_a_build_of_torch_from_source_compiles_its_own(venv, tmp_path):
+    """Its headers may differ from the release's."""
+    out = run(venv, "python", "-m", "cachalot_torch", torch=stand_in(tmp_path, version="2.11.0a0+git70d99e9"))
+    assert out.returncode == 1
+    assert "prebuilt for torch2.11-cu13 only, so under torch 2.11.0a0+git70d99e9 it compiles" in out.stdout
+
+
 def test_use_without_torch_says_to_install_it(venv):
     out = use(venv)
     assert out.returncode == 1
