@@ -45,9 +45,14 @@ def plan(torch, library):
     shipped = torch.key and PREBUILT / torch.key / _build.OUTPUT
     if shipped and shipped.exists():
         return Plan("prebuilt", shipped)
-    cached = cache_root() / f"{__version__}-torch{torch.version}-{_build.fingerprint(torch.version)}" / _build.OUTPUT
+    name = f"{__version__}-torch{torch.version}-{_build.fingerprint(torch.version, torch.cuda)}"
+    cached = cache_root() / name / _build.OUTPUT
     if cached.exists():
         return Plan("cached", cached)
+    return _compile_plan(torch, library, cached)
+
+
+def _compile_plan(torch, library, output):
     try:
         cxx = _build.find_compiler()
         cuda = _build.find_cuda(torch.cuda)
@@ -57,12 +62,12 @@ def plan(torch, library):
         raise SetupError(f"cachalot_torch: this installation {shipped}, so under torch {torch.version} it "
                          f"compiles on first use: {e}") from None
     libdir = pathlib.Path(library).parent
-    return Plan("compile", cached, tuple(_build.command(cxx, torch, cuda, libdir, rpath=str(libdir))), cuda)
+    return Plan("compile", output, tuple(_build.command(cxx, torch, cuda, libdir, rpath=str(libdir))), cuda)
 
 
 def _compile(chosen, torch, verbose):
-    print(f"cachalot_torch: compiling the C++ allocator for torch {torch.version}, once (it has no prebuilt "
-          f"one); into {chosen.path.parent}", file=sys.stderr, flush=True)
+    print(f"cachalot_torch: compiling the C++ allocator for torch {torch.version}, once (none is prebuilt "
+          f"for it), into {chosen.path.parent}", file=sys.stderr, flush=True)
     start = time.monotonic()
     _build.compile_to(list(chosen.command), chosen.path, verbose)
     print(f"cachalot_torch: compiled in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
