@@ -970,8 +970,9 @@ bool installed() {
 
 } // namespace cachalot
 
-// The C entry points cachalot_torch/_extension.py calls through ctypes. Each
-// returns NULL on success, else the reason, valid until the thread's next call.
+// The C entry points cachalot_torch/_extension.py calls through ctypes.
+// cachalot_allocator_install returns NULL on success, else PyTorch's reason,
+// valid until the thread's next call.
 extern "C" {
 
 const char* cachalot_allocator_install() {
