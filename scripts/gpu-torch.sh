@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The PyTorch drop-in on a GPU machine: installs the wheel from
-# scripts/build-gpu-torch.sh in a fresh virtual environment (no network: the
-# machine's torch is seen through a .pth file), checks it with
-# `python -m cachalot_torch` (which compiles the C++ allocator), runs the
-# plug-in suite once per policy, then (unless --quick) the model benchmark and
-# the tuner's proof (scripts/tune_proof.py).
+# The PyTorch drop-in on a GPU machine: installs the wheels from
+# scripts/build-gpu-torch.sh in a fresh virtual environment (`pip install
+# --no-index`: the machine's torch is seen through a .pth file), checks them with
+# `python -m cachalot_torch` (under torch 2.11 with CUDA 13 the prebuilt C++
+# allocator, compiling nothing: the suite fails if anything was compiled into
+# cachalot's cache), runs the plug-in suite once per policy, then (unless
+# --quick) the model benchmark and the tuner's proof (scripts/tune_proof.py).
 # Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows but the differential checker, in the
@@ -30,6 +31,8 @@ out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
 status=0
 venv=/tmp/cachalot-venv
+# cachalot's cache of allocators compiled on first use, apart from the user's.
+export XDG_CACHE_HOME=/tmp/cachalot-cache
 # Folders given relative to where the script was started.
 tests=${PT_TESTS:+$(cd "$PT_TESTS" && pwd)}
 wheels=${PT_WHEELS:+$(cd "$PT_WHEELS" && pwd)}
@@ -54,14 +57,14 @@ esac
 step() { [[ " $steps " == *" $1 "* ]]; }
 
 if step env; then
-  rm -rf "$venv"
+  rm -rf "$venv" "$XDG_CACHE_HOME"
   python3 -m venv "$venv"
   # The machine's torch may live in another environment: the new one sees it
   # through a .pth file (no network to install it again).
   site=$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
   python3 -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
     > "$site/machine-packages.pth"
-  "$venv/bin/pip" install --no-index --no-deps -q "$dir"/cachalot_torch-*.whl || exit 1
+  "$venv/bin/pip" install --no-index --no-deps -q "$dir"/cachalot_torch-*.whl "$dir"/cachalot_cli-*.whl || exit 1
   echo "--- python -m cachalot_torch"
   "$venv/bin/python" -m cachalot_torch || exit 1
 fi
@@ -71,6 +74,8 @@ if step suite; then
     CACHALOT_ALLOC_CONF="policy:$policy" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$dir/tests" \
       || { status=1; echo "FAILED: plug-in suite ($policy)"; }
   done
+  compiled=$(ls "$XDG_CACHE_HOME/cachalot_torch" 2>/dev/null)
+  [ -z "$compiled" ] || { status=1; echo "FAILED: the C++ allocator was compiled ($compiled), not taken prebuilt"; }
 fi
 if step diff; then
   echo "--- differential checker: random programs on PyTorch's allocator and on the pytorch policy"
@@ -81,7 +86,7 @@ if step models; then
   "$venv/bin/python" "$dir/scripts/torch_bench.py" --rounds "${TORCH_ROUNDS:-3}" --steps "${TORCH_STEPS:-10}" --warmup 5 \
     --json "$out/torch.json" --markdown "$out/torch.md" || status=1
   echo "--- cachalot tune, proven: each model's snapshot tuned, the model run again with the setting"
-  "$venv/bin/python" "$dir/scripts/tune_proof.py" --cachalot "$dir/cachalot" --python "$venv/bin/python" \
+  "$venv/bin/python" "$dir/scripts/tune_proof.py" --cachalot "$venv/bin/cachalot" --python "$venv/bin/python" \
     --out "$out/tune" || status=1
 fi
 if step dist; then
