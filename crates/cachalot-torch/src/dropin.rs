@@ -18,7 +18,7 @@ use crate::error::PluginError;
 use crate::global::registry;
 use crate::reply::{put, reply};
 pub use crate::reply::{ERROR, OK, OOM};
-use crate::rows::{BlockRow, SegmentRow, TraceRow};
+use crate::rows::{pytorch_action, BlockRow, SegmentRow, TraceRow};
 
 /// How many numbers [`cachalot_device_stats`] writes: nine arrays of three
 /// statistics (all, small pool, large pool) of four numbers (current, peak,
@@ -272,7 +272,8 @@ pub unsafe extern "C" fn cachalot_segment_of(
 
 /// Starts (`enabled` non-zero) or stops history recording on every device.
 /// `max_entries` bounds each device's events (0: unbounded); `skip_mask` has
-/// bit `i` set for each action of [`Action::ALL`] not to record; `clear`
+/// bit `i` set for each action of PyTorch's `TraceEntry::Action` not to record
+/// (a tag's pause and resume go with `segment_unmap` and `segment_map`); `clear`
 /// non-zero forgets the events recorded so far (they are also forgotten when
 /// recording starts).
 ///
@@ -289,10 +290,8 @@ pub unsafe extern "C" fn cachalot_set_history(
     reply(message, || {
         let registry = registry()?;
         let skip = Action::ALL
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| skip_mask & (1 << i) != 0)
-            .map(|(_, a)| *a)
+            .into_iter()
+            .filter(|a| skip_mask & (1 << pytorch_action(*a)) != 0)
             .collect();
         let config = (enabled != 0).then_some(HistoryConfig {
             capacity: if max_entries == 0 {

@@ -32,7 +32,7 @@ fn keep_context(registry: &Registry) -> Option<ContextRestore> {
 }
 
 /// Runs `f` on the registry with the caller's CUDA context kept (see [`keep_context`]).
-fn keeping_context<T>(f: impl FnOnce(&Registry) -> PluginResult<T>) -> PluginResult<T> {
+pub(crate) fn keeping_context<T>(f: impl FnOnce(&Registry) -> PluginResult<T>) -> PluginResult<T> {
     let registry = registry()?;
     let _context = keep_context(registry);
     f(registry)

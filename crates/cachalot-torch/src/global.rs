@@ -1,4 +1,4 @@
-//! The process's one [`Registry`], created on the first call of any entry
+//! The process's tags by name ([`TagBook`]), and its one [`Registry`], created on the first call of any entry
 //! point with PyTorch's settings as PyTorch reads them (`PYTORCH_ALLOC_CONF`,
 //! else `PYTORCH_CUDA_ALLOC_CONF`) and `CACHALOT_ALLOC_CONF` over them (the
 //! same syntax plus `policy:pytorch|cachalot` and the cachalot policy's
@@ -12,12 +12,20 @@ use cachalot::AllocatorConfig;
 use crate::device;
 use crate::error::{PluginError, PluginResult};
 use crate::registry::Registry;
+use crate::sleep::TagBook;
 
 /// The environment variable that configures the plug-in.
 pub const CONF_VAR: &str = "CACHALOT_ALLOC_CONF";
 
 /// PyTorch's variables for its allocator's settings, the first one set wins.
 pub const PYTORCH_VARS: [&str; 2] = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"];
+
+static TAGS: TagBook = TagBook::new();
+
+/// The process's tags by name.
+pub(crate) fn tags() -> &'static TagBook {
+    &TAGS
+}
 
 static REGISTRY: OnceLock<Result<Registry, cachalot::config::ConfigError>> = OnceLock::new();
 

@@ -17,6 +17,7 @@
 //!   ffi      extern "C" callbacks for C
 //!   ipc      CUDA IPC: handles of live allocations, handles of other processes
 //!   pools    private pools (MemPool, CUDA graphs) and their segment sources
+//!   sleep    tags by name: region, pause and resume of their pools
 //!   settings PyTorch's run-time settings (`_set_allocator_settings`)
 //!   reply    the status and message of the status-returning entry points
 //!   report   summaries, history recording, snapshot pickles over the registry
@@ -55,6 +56,7 @@ pub mod reply;
 pub mod report;
 pub mod rows;
 pub mod settings;
+pub mod sleep;
 pub mod streams;
 pub mod tags;
 

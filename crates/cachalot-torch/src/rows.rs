@@ -1,6 +1,20 @@
 //! The rows of a drop-in snapshot (`cachalot_snapshot_take`), as C reads
 //! them: plain data, laid out for C.
 
+use cachalot::event::Action;
+
+/// The index of `action` in PyTorch's `TraceEntry::Action`, the order of
+/// [`Action::ALL`]'s first nine. cachalot's own actions show as PyTorch's
+/// nearest: a tag's pause as `segment_unmap`, its resume as `segment_map`.
+pub fn pytorch_action(action: Action) -> u32 {
+    let shown = match action {
+        Action::SegmentPause => Action::SegmentUnmap,
+        Action::SegmentResume => Action::SegmentMap,
+        other => other,
+    };
+    Action::ALL.iter().position(|a| *a == shown).unwrap_or(0) as u32
+}
+
 /// One segment of a [`Snapshot`](crate::dropin::Snapshot); its blocks are `blocks[first_block ..
 /// first_block + block_count]`.
 #[repr(C)]
@@ -55,7 +69,7 @@ pub struct BlockRow {
 pub struct TraceRow {
     /// Device ordinal.
     pub device: i64,
-    /// The action's index in [`Action::ALL`](cachalot::event::Action::ALL) (PyTorch's `TraceEntry::Action` order).
+    /// The action's index in PyTorch's `TraceEntry::Action` ([`pytorch_action`]).
     pub action: u32,
     /// Address (for `oom`: the device's free bytes).
     pub addr: u64,

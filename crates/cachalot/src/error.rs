@@ -6,6 +6,8 @@
 //! * [`Error::InvalidFree`] / [`Error::InvalidArgument`] / [`Error::Config`]: a bug
 //!   in the caller. Fix the call; the allocator's state is unchanged.
 //! * [`Error::Backend`]: the device failed. Treat it as lost.
+//! * [`Error::Sleep`]: a pause, resume or tag call that cannot be done now;
+//!   each [`SleepError`] says what to do.
 //!
 //! A broken internal invariant is not an error variant: it is what
 //! `validate()` reports, as an [`InvariantViolation`].
@@ -16,6 +18,7 @@ use thiserror::Error;
 
 use crate::backend::{BackendError, DevicePtr, StreamId};
 use crate::config::{ConfigError, PolicyKind};
+use crate::sleep::SleepError;
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -76,6 +79,9 @@ pub enum Error {
     /// The device failed in a way the allocator cannot recover from.
     #[error("device failure: {0}")]
     Backend(#[from] BackendError),
+    /// A tag call refused ([`crate::sleep`]): the message says what to do.
+    #[error(transparent)]
+    Sleep(#[from] SleepError),
 }
 
 /// Why a free was refused.

@@ -35,6 +35,10 @@
 //!   its mapped pages), and the bytes another process opens it with
 //!   ([`ipc`]): PyTorch's own CUDA IPC handle for a segment, file descriptors
 //!   handed over a Unix socket for pages.
+//! * **tag**: a private pool whose memory can sleep ([`sleep`]): its segments'
+//!   pages go back to the device at a *pause* and come back at the same
+//!   addresses at a *resume*, with their bytes copied to host memory and back
+//!   when the tag keeps a *backup*; a tag is *paused* in between.
 //! * **slot**: a replay plan's number for one recorded allocation:
 //!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
 //!   a plan names allocations without their recorded addresses.
@@ -119,6 +123,7 @@ pub mod policy;
 pub mod private_pool;
 pub mod replay;
 pub mod report;
+pub mod sleep;
 pub mod snapshot;
 pub mod snapshot_io;
 pub mod stats;
