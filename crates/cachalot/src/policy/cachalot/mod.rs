@@ -177,26 +177,16 @@
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
-mod aliases;
 mod budget;
-mod cells;
 mod directory;
 mod heap;
-mod index;
-mod journal;
-mod ledger;
-mod levels;
-mod live;
-mod merge;
-mod pages;
 mod pool;
 mod private;
-mod reuse;
-mod settler;
-mod stamp;
+mod settings;
+mod stats;
 mod stream;
-mod tally;
 mod validate;
+mod vm;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -213,13 +203,14 @@ use crate::stats::MemoryStats;
 
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
 use directory::{Directory, StreamEntry, MAX_STREAMS};
-use journal::Fill;
-use ledger::Ledger;
-use levels::Levels;
-use merge::{Cut, DeviceJournal, Merged};
-use pages::Pages;
 use pool::ROUNDING;
-use stream::{StreamConfig, StreamState};
+use settings::StreamConfig;
+use stats::journal::Fill;
+use stats::ledger::Ledger;
+use stats::levels::Levels;
+use stats::merge::{Cut, DeviceJournal, Merged};
+use stream::StreamState;
+use vm::pages::Pages;
 
 /// The `cachalot` policy's allocator for one device. See the module docs.
 pub struct CachalotAllocator {
@@ -250,27 +241,7 @@ impl CachalotAllocator {
     /// # Errors
     /// [`Error::InvalidArgument`] for a memory fraction outside `[0, 1]`.
     pub fn new(backend: Arc<dyn Backend>, config: AllocatorConfig) -> Result<Self> {
-        let caps = backend.capabilities();
-        let range_size = match caps.granularity {
-            0 => 0,
-            g => caps.total_memory.saturating_mul(2).div_ceil(g).max(1) * g,
-        };
-        let stream_config = StreamConfig {
-            slack: config.cachalot_reuse_slack,
-            churn_slack: config.cachalot_churn_slack,
-            min_pages: match caps.granularity {
-                0 => 0,
-                g => config.cachalot_reuse_min.div_ceil(g),
-            },
-            extent_pages: match caps.granularity {
-                0 => 1,
-                g => u32::try_from(config.cachalot_extent / g)
-                    .unwrap_or(u32::MAX)
-                    .max(1),
-            },
-            threshold: config.cachalot_release_threshold,
-            range_size,
-        };
+        let stream_config = StreamConfig::new(&config, backend.capabilities());
         let allocator = CachalotAllocator {
             pages: Pages::new(backend.clone()),
             backend,

@@ -13,12 +13,12 @@ use crate::ipc::Backing;
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
-use super::aliases::Aliases;
-use super::cells::Cells;
+use super::heap::reuse::{Kept, Recent, Reuse};
 use super::heap::{BlockId, Heap, State};
-use super::ledger::Ledger;
-use super::pages::Pages;
-use super::reuse::{Kept, Recent, Reuse};
+use super::stats::ledger::Ledger;
+use super::vm::aliases::Aliases;
+use super::vm::cells::Cells;
+use super::vm::pages::Pages;
 
 /// Requests of at most this many bytes go to the small pool.
 pub(crate) const SMALL_MAX: u64 = 1 << 20;

@@ -35,12 +35,13 @@ use crate::backend::{BackendError, BackendResult, CallKind, EventId, PageHandle,
 use crate::snapshot::SegmentInfo;
 
 use super::budget::{Budget, WASTE_SLACK};
-use super::directory::RangeTable;
-use super::ledger::Ledger;
-use super::pages::Pages;
 #[cfg(doc)]
 use super::pool::RECENT;
 use super::pool::{Placement, Pool, SMALL_MAX};
+use super::settings::StreamConfig;
+use super::stats::ledger::Ledger;
+use super::vm::pages::Pages;
+use super::vm::ranges::RangeTable;
 
 mod frees;
 use frees::Pending;
@@ -50,23 +51,6 @@ use frees::Pending;
 /// back, and the least share of it they must come to (fewer are kept: giving
 /// back a page or two would only re-map it later).
 const PEAK_TRIM: f64 = 0.02;
-
-/// Settings a stream needs.
-#[derive(Copy, Clone, Debug)]
-pub(crate) struct StreamConfig {
-    /// `cachalot_reuse_slack`.
-    pub(crate) slack: f64,
-    /// `cachalot_churn_slack`.
-    pub(crate) churn_slack: f64,
-    /// `cachalot_reuse_min`, in pages.
-    pub(crate) min_pages: u64,
-    /// `cachalot_extent`, in pages (at least one).
-    pub(crate) extent_pages: u32,
-    /// `cachalot_release_threshold`.
-    pub(crate) threshold: Option<u64>,
-    /// Bytes of address space reserved per pool (virtual memory only).
-    pub(crate) range_size: u64,
-}
 
 /// See the module docs.
 #[derive(Debug)]
