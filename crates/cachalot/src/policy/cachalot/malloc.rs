@@ -35,6 +35,9 @@ impl CachalotAllocator {
         };
         let rounded = size.div_ceil(unit) * unit;
         let entry = self.entry(stream, pool)?;
+        if !self.pages.ever_fits(rounded) {
+            return Err(self.out_of_memory(entry, size, rounded));
+        }
         let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
         match first {
             Ok(ptr) => Ok(ptr),
