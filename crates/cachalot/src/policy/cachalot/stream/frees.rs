@@ -9,7 +9,7 @@ use crate::ipc::Backing;
 
 use super::StreamState;
 use crate::policy::cachalot::heap::{BlockId, State};
-use crate::policy::cachalot::pages::Pages;
+use crate::policy::cachalot::vm::pages::Pages;
 
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]
