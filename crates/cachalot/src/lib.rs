@@ -86,13 +86,21 @@
 //!
 //! ## Layers (dependencies point downward only)
 //!
+//! Checked by `tests/imports.rs` (no import circle, no import of a layer
+//! above): a module imports its own layer or those below it.
+//!
 //! ```text
-//!   allocator (DeviceAllocator: malloc, free, record_stream, empty_cache, stats)
-//!        policy: pytorch | cachalot        stats, events, snapshot, validate
-//!   backend (Backend trait: segments, pages, streams, events, memory info)
-//!        sim                              cuda (cudarc)
+//!   trace  replay  tune  view          recordings in, replays, tuning, the page
+//!   ipc  report  golden  snapshot_io   services over any allocator
+//!   policy: pytorch | cachalot         the two policies, and create()
+//!   allocator                          DeviceAllocator: malloc, free, stats, ...
+//!   history  private_pool  snapshot  summary  event  error  backing  stats  config
+//!   backend (Backend trait: segments, pages, streams, events; sim, cuda, adaptors)
 //! ```
 //!
+//! `allocator::create` is where users reach the factory; it lives in
+//! `policy`, above the trait it returns.
+
 //! ## Invariants (checked by every allocator's `validate()`)
 //!
 //! * The blocks of a segment tile it exactly: no gaps, no overlaps.
@@ -109,6 +117,7 @@
 mod addr_map;
 pub mod allocator;
 pub mod backend;
+pub mod backing;
 pub mod config;
 pub mod error;
 pub mod event;
