@@ -9,14 +9,18 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::sleep::{Backup, SleepError, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
+
+/// Where users have always found it; it lives with the policies it chooses
+/// between.
+pub use crate::policy::create;
 
 /// A caching allocator for one device.
 pub trait DeviceAllocator: Send + Sync + fmt::Debug {
@@ -305,23 +309,4 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
 /// The error of a tag call on a policy that cannot pause memory.
 fn no_sleep(policy: PolicyKind) -> crate::Error {
     SleepError::Unsupported { policy }.into()
-}
-
-/// Builds the allocator for `config.policy` on `backend`.
-///
-/// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
-/// the policy cannot run.
-pub fn create(
-    backend: Arc<dyn Backend>,
-    config: AllocatorConfig,
-) -> Result<Arc<dyn DeviceAllocator>> {
-    match config.policy {
-        PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
-            backend, config,
-        )?)),
-        PolicyKind::Cachalot => Ok(Arc::new(crate::policy::CachalotAllocator::new(
-            backend, config,
-        )?)),
-    }
 }

@@ -90,13 +90,22 @@
 //!
 //! ## Layers (dependencies point downward only)
 //!
+//! Checked by `tests/imports.rs` (no import circle, no import of a layer
+//! above): a module imports its own layer or those below it.
+//!
 //! ```text
-//!   allocator (DeviceAllocator: malloc, free, record_stream, empty_cache, stats)
-//!        policy: pytorch | cachalot        stats, events, snapshot, validate
-//!   backend (Backend trait: segments, pages, streams, events, memory info)
-//!        sim                              cuda (cudarc)
+//!   trace  replay  tune  view          recordings in, replays, tuning, the page
+//!   ipc  report  golden  snapshot_io   services over any allocator
+//!   policy: pytorch | cachalot         the two policies, and create()
+//!   allocator                          DeviceAllocator: malloc, free, stats, ...
+//!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
+//!   backing  stats  config  units      the allocator's parts
+//!   backend (Backend trait: segments, pages, streams, events; sim, cuda, adaptors)
 //! ```
 //!
+//! `allocator::create` is where users reach the factory; it lives in
+//! `policy`, above the trait it returns.
+
 //! ## Invariants (checked by every allocator's `validate()`)
 //!
 //! * The blocks of a segment tile it exactly: no gaps, no overlaps.
@@ -113,6 +122,7 @@
 mod addr_map;
 pub mod allocator;
 pub mod backend;
+pub mod backing;
 pub mod config;
 pub mod error;
 pub mod event;
@@ -120,6 +130,7 @@ pub mod golden;
 pub mod history;
 pub mod ipc;
 pub mod policy;
+pub mod pool_id;
 pub mod private_pool;
 pub mod replay;
 pub mod report;
@@ -132,6 +143,7 @@ pub mod summary;
 mod test_rng;
 pub mod trace;
 pub mod tune;
+pub mod units;
 pub mod view;
 
 pub use allocator::DeviceAllocator;

@@ -22,35 +22,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::backend::{BackendResult, DevicePtr, StreamId};
 use crate::error::{Error, Result};
-use crate::sleep::{SleepError, Tag};
+use crate::sleep::Tag;
 
-/// A private pool's name: PyTorch's `MempoolId_t`, a pair of integers. CUDA
-/// graphs made without a pool use `(id, 0)`; `graph_pool_handle()` and
-/// `MemPool` use `(0, id)`. `(0, 0)` names the default pools.
-#[derive(
-    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-pub struct PoolId(pub u64, pub u64);
-
-impl PoolId {
-    /// The default pools, which serve every request no route claims.
-    pub const DEFAULT: PoolId = PoolId(0, 0);
-
-    /// Whether this names the default pools.
-    pub fn is_default(self) -> bool {
-        self == PoolId::DEFAULT
-    }
-}
-
-impl fmt::Display for PoolId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "({}, {})", self.0, self.1)
-    }
-}
+pub use crate::pool_id::PoolId;
 
 /// How a private pool serves requests (`torch.cuda.MemPool`'s flags).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -247,13 +223,17 @@ impl PoolBook {
         Ok(())
     }
 
-    /// Makes pool `id` a tag: `tag`'s source gives its new segments. A pool
-    /// whose segments come from an allocator of its own cannot be one.
+    /// Whether pool `id`'s segments come from an allocator of its own
+    /// (a source that is not a tag's), which a tag cannot replace.
+    pub(crate) fn has_own_source(&self, id: PoolId) -> Result<bool> {
+        let slot = self.require(id)?.slot;
+        Ok(self.sources.contains_key(&slot) && !self.tags.contains_key(&slot))
+    }
+
+    /// Makes pool `id` a tag: `tag`'s source gives its new segments. The
+    /// caller has checked [`Self::has_own_source`].
     pub(crate) fn set_tag(&mut self, id: PoolId, tag: Tag) -> Result<()> {
         let slot = self.require(id)?.slot;
-        if self.sources.contains_key(&slot) && !self.tags.contains_key(&slot) {
-            return Err(SleepError::OwnAllocator { pool: id }.into());
-        }
         self.sources.insert(slot, tag.source.clone());
         self.tags.insert(slot, tag);
         Ok(())

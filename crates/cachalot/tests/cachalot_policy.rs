@@ -305,6 +305,52 @@ fn out_of_memory_flushes_other_streams_then_reports() {
     assert_eq!(dev.sim.live_objects(), 0);
 }
 
+/// Every call the device served since `before`.
+fn calls_since(dev: &TestDevice, before: &cachalot::backend::counting::CallCounts) -> u64 {
+    dev.calls.counts().since(before).calls.values().sum()
+}
+
+/// A request the device could never hold (more than its memory, or than
+/// the memory fraction allows) fails at once with PyTorch's message, at
+/// most 2 driver calls (here one: the device's free memory, for the
+/// message), where PyTorch native makes two `cudaMalloc` calls; what other
+/// streams cache stays. Before, the policy mapped the whole device first
+/// (15 calls).
+#[test]
+fn a_request_that_never_fits_fails_at_once() {
+    for (virtual_memory, conf, size) in [
+        (true, "", 1025 * MIB),
+        (true, "cachalot_extent_mb:2", 1025 * MIB),
+        (true, "per_process_memory_fraction:0.5", 513 * MIB),
+        (false, "", 1025 * MIB),
+    ] {
+        let dev = TestDevice::new(SimBackend::with_options(1 << 30, virtual_memory));
+        let alloc = allocator(&dev, conf);
+        let cached = alloc.malloc(300 * MIB, StreamId(1)).unwrap();
+        alloc.free(cached).unwrap();
+        let reserved = alloc.memory_reserved();
+        let before = dev.calls.counts();
+        let err = alloc.malloc(size, StreamId(0)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("CUDA out of memory. Tried to allocate"),
+            "{conf}: {err}"
+        );
+        let calls = calls_since(&dev, &before);
+        assert!(calls <= 2, "{conf}: {calls} driver calls");
+        assert_eq!(alloc.memory_reserved(), reserved, "{conf}: the cache stays");
+        assert_eq!(alloc.stats().num_ooms, 1);
+        alloc.validate().unwrap();
+    }
+    // PyTorch native makes two memory calls for such a request (and asks
+    // for the device's free memory).
+    let dev = TestDevice::new(SimBackend::new(1 << 30));
+    let native = cachalot::PytorchAllocator::new(dev.backend(), AllocatorConfig::default())
+        .expect("allocator");
+    native.malloc(1025 * MIB, StreamId(0)).unwrap_err();
+    assert_eq!(dev.calls.counts().memory_calls(), 2);
+}
+
 #[test]
 fn memory_fraction_limits_reserved_bytes() {
     let dev = TestDevice::new(SimBackend::new(100 * MIB));

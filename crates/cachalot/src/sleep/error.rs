@@ -4,8 +4,8 @@ use thiserror::Error;
 
 use crate::backend::{BackendError, StreamId};
 use crate::config::PolicyKind;
-use crate::error::format_size;
-use crate::private_pool::PoolId;
+use crate::pool_id::PoolId;
+use crate::units::format_size;
 
 use super::Backup;
 

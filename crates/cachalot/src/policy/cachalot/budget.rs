@@ -22,7 +22,7 @@
 //! 16,800 operations, 0.125 about 100 to 370, 0.15 none from the seventh
 //! pass (0.20: none from the third, 4% more memory).
 
-use super::stream::StreamConfig;
+use super::settings::StreamConfig;
 
 /// How far (a fraction) reserved bytes may exceed the peak of active bytes
 /// before idle segments are freed ahead of a new one (without virtual

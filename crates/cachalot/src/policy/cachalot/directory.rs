@@ -2,7 +2,7 @@
 //! filled once each, and the reserved ranges of each stream published in
 //! atomics so a free finds its stream by address without touching the others.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
@@ -11,6 +11,7 @@ use spin::relax::Yield;
 use crate::backend::{DevicePtr, StreamId};
 
 use super::stream::StreamState;
+use super::vm::ranges::RangeTable;
 
 thread_local! {
     /// (directory address, entry index) of the stream this thread's last
@@ -21,36 +22,12 @@ thread_local! {
 /// Streams one allocator serves at most.
 pub(crate) const MAX_STREAMS: usize = 256;
 
-/// The reserved ranges of a stream's two pools, as (base, end) pairs; 0, 0 when
-/// none. Read by every free and written almost never, so it has its own cache
-/// line.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct RangeTable([AtomicU64; 4]);
-
 /// A stream's state on cache lines of its own, so that the stream's writes
 /// (its lock, its statistics) never share a line with what other threads read
 /// to find their own streams (false sharing).
 #[derive(Debug)]
 #[repr(align(128))]
 struct Isolated<T>(T);
-
-impl RangeTable {
-    /// Publishes pool `pool`'s range (`None` when released).
-    pub(crate) fn publish(&self, pool: usize, range: Option<(u64, u64)>) {
-        let (base, size) = range.unwrap_or((0, 0));
-        self.0[2 * pool].store(base, Ordering::Release);
-        self.0[2 * pool + 1].store(base + size, Ordering::Release);
-    }
-
-    /// Whether `ptr` lies in one of the ranges.
-    pub(crate) fn contains(&self, ptr: DevicePtr) -> bool {
-        (0..2).any(|p| {
-            let base = self.0[2 * p].load(Ordering::Acquire);
-            base <= ptr && ptr < self.0[2 * p + 1].load(Ordering::Acquire)
-        })
-    }
-}
 
 /// A stream's lock: held for well under a microsecond on the hot path, so
 /// a spin lock (one atomic exchange to take, a plain store to give back)
@@ -171,20 +148,5 @@ impl Directory {
             .find_map(|(i, e)| e.get().filter(|e| e.ranges.contains(ptr)).map(|e| (i, e)))?;
         LAST_OWNER.set((me, i));
         Some(e)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_publish_and_clear() {
-        let t = RangeTable::default();
-        assert!(!t.contains(0));
-        t.publish(1, Some((4096, 8192)));
-        assert!(t.contains(4096) && t.contains(12287) && !t.contains(12288));
-        t.publish(1, None);
-        assert!(!t.contains(4096));
     }
 }

@@ -177,49 +177,39 @@
 //! until `empty_cache` or OOM),
 //! plus `per_process_memory_fraction`, through [`AllocatorConfig`]'s parser.
 
-mod aliases;
 mod budget;
-mod cells;
 mod directory;
 mod heap;
-mod index;
-mod journal;
-mod ledger;
-mod levels;
-mod live;
-mod merge;
-mod pages;
+mod malloc;
+mod peaks;
 mod pool;
 mod private;
-mod reuse;
-mod settler;
-mod stamp;
+mod settings;
+mod stats;
 mod stream;
-mod tally;
+mod streams;
 mod validate;
+mod vm;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PolicyKind};
-use crate::error::{check_request, Error, FreeError, InvariantViolation, OomReport, Result};
+use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
-use directory::{Directory, StreamEntry, MAX_STREAMS};
-use journal::Fill;
-use ledger::Ledger;
-use levels::Levels;
-use merge::{Cut, DeviceJournal, Merged};
-use pages::Pages;
-use pool::ROUNDING;
-use stream::{StreamConfig, StreamState};
+use directory::Directory;
+use settings::StreamConfig;
+use stats::levels::Levels;
+use stats::merge::DeviceJournal;
+use vm::pages::Pages;
 
 /// The `cachalot` policy's allocator for one device. See the module docs.
 pub struct CachalotAllocator {
@@ -250,27 +240,7 @@ impl CachalotAllocator {
     /// # Errors
     /// [`Error::InvalidArgument`] for a memory fraction outside `[0, 1]`.
     pub fn new(backend: Arc<dyn Backend>, config: AllocatorConfig) -> Result<Self> {
-        let caps = backend.capabilities();
-        let range_size = match caps.granularity {
-            0 => 0,
-            g => caps.total_memory.saturating_mul(2).div_ceil(g).max(1) * g,
-        };
-        let stream_config = StreamConfig {
-            slack: config.cachalot_reuse_slack,
-            churn_slack: config.cachalot_churn_slack,
-            min_pages: match caps.granularity {
-                0 => 0,
-                g => config.cachalot_reuse_min.div_ceil(g),
-            },
-            extent_pages: match caps.granularity {
-                0 => 1,
-                g => u32::try_from(config.cachalot_extent / g)
-                    .unwrap_or(u32::MAX)
-                    .max(1),
-            },
-            threshold: config.cachalot_release_threshold,
-            range_size,
-        };
+        let stream_config = StreamConfig::new(&config, backend.capabilities());
         let allocator = CachalotAllocator {
             pages: Pages::new(backend.clone()),
             backend,
@@ -284,235 +254,6 @@ impl CachalotAllocator {
         };
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction)?;
         Ok(allocator)
-    }
-
-    fn entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
-        match self.streams.get(stream, pool) {
-            Some(entry) => Ok(entry),
-            None => self.new_entry(stream, pool),
-        }
-    }
-
-    /// The entry of a stream seen for the first time (built out of the hot
-    /// path's way: a stream's state is kilobytes).
-    #[cold]
-    #[inline(never)]
-    fn new_entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
-        // Streams are created one at a time, under the merge state's lock.
-        let mut merged = self.journal.lock();
-        if let Some(entry) = self.streams.get(stream, pool) {
-            return Ok(entry);
-        }
-        if merged.is_none() {
-            if let Some(only) = self.streams.iter().next() {
-                only.lock().ledger.start_merging(&self.journal, &mut merged);
-            }
-        }
-        let several = merged.is_some();
-        let make = |ranges| {
-            let mut ledger = Ledger::new(
-                MemoryStats::new(self.config.max_split_size),
-                stream,
-                self.start,
-            );
-            ledger.set_observer(
-                self.observer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone(),
-            );
-            if several {
-                ledger.keep_journal(&self.journal);
-            }
-            StreamState::new(stream, ledger, self.stream_config, ranges, pool != 0)
-        };
-        self.streams
-            .get_or_create(stream, pool, make)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                "more than {MAX_STREAMS} streams (counting each private pool's apart) on one device"
-            ))
-            })
-    }
-
-    /// Runs `f` under the lock of the stream owning `ptr`: the stream whose
-    /// range holds it, else (for segments) each in turn until one knows it.
-    fn with_owner<T>(
-        &self,
-        ptr: DevicePtr,
-        f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
-    ) -> Result<T> {
-        match self.streams.owner_of(ptr) {
-            Some(entry) => self
-                .journaled(entry, f)
-                .map_err(|reason| Error::InvalidFree { ptr, reason }),
-            None => self.ask_every_stream(ptr, f),
-        }
-    }
-
-    /// [`CachalotAllocator::with_owner`] when no stream's range holds `ptr`:
-    /// without virtual memory, each stream in turn until one knows it.
-    #[cold]
-    #[inline(never)]
-    fn ask_every_stream<T>(
-        &self,
-        ptr: DevicePtr,
-        mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
-    ) -> Result<T> {
-        let mut reason = FreeError::Foreign;
-        if self.pages.granularity() == 0 {
-            for entry in self.streams.iter() {
-                match f(&mut entry.lock()) {
-                    Ok(v) => return Ok(v),
-                    Err(FreeError::DoubleFree) => reason = FreeError::DoubleFree,
-                    Err(FreeError::Foreign) => {}
-                }
-            }
-        }
-        Err(Error::InvalidFree { ptr, reason })
-    }
-
-    /// Runs `f` under `entry`'s lock, then merges the journals if the
-    /// stream's is full.
-    #[inline(always)]
-    fn journaled<T>(&self, entry: &StreamEntry, f: impl FnOnce(&mut StreamState) -> T) -> T {
-        let early = self.journal.early_stamp();
-        let (out, fill) = {
-            let mut st = entry.lock();
-            st.ledger.begin_op(early);
-            let out = f(&mut st);
-            st.ledger.end_op();
-            (out, st.ledger.journal().map_or(Fill::Room, |j| j.fill()))
-        };
-        if fill != Fill::Room {
-            self.merge_when_full(fill);
-        }
-        out
-    }
-
-    /// A cut, unless one is being taken (which takes this stream's changes
-    /// too, or the next one will: a journal may pass its limit meanwhile),
-    /// handed to the settler threads after letting go of the merge state; an
-    /// overfull journal waits for the merge state.
-    #[cold]
-    #[inline(never)]
-    fn merge_when_full(&self, fill: Fill) {
-        let guard = match fill {
-            Fill::Overfull => Some(self.journal.lock()),
-            _ if self.journal.busy() => None,
-            _ => self.journal.try_lock(),
-        };
-        let Some(mut merged) = guard else { return };
-        let cut = self.cut(&mut merged, |_| {});
-        drop(merged);
-        if let Some(cut) = cut {
-            self.journal.settle_apart(cut);
-        }
-    }
-
-    /// The device's statistics merged up to now: every cut taken settled,
-    /// then one more, all under the merge state's lock (`None` while the
-    /// device has had one stream). `visit` sees each stream at that cut.
-    fn merge(&self, visit: impl FnMut(&mut StreamState)) -> MutexGuard<'_, Option<Merged>> {
-        let mut merged = self.journal.wait_idle(self.journal.lock());
-        if let Some(mut cut) = self.cut(&mut merged, visit) {
-            cut.settle();
-            if let Some(m) = merged.as_mut() {
-                m.finish(cut);
-            }
-        }
-        merged
-    }
-
-    /// Locks every stream at once (in table order: no change is under way, and
-    /// the streams' values add up to the device's), runs `visit` on each, takes
-    /// their journals' runs into a cut and lets them go. Called with the merge
-    /// state locked, which holds off new streams; `None` while the device has
-    /// had one stream.
-    fn cut(
-        &self,
-        merged: &mut Option<Merged>,
-        mut visit: impl FnMut(&mut StreamState),
-    ) -> Option<Cut> {
-        let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
-        let Some(m) = merged.as_mut() else {
-            locked.iter_mut().for_each(|st| visit(st));
-            return None;
-        };
-        self.journal.set_busy(true);
-        let mut cut = m.begin();
-        for st in &mut locked {
-            visit(st);
-            if let Some(run) = st.ledger.take_run(m.spare()) {
-                cut.add(run);
-            }
-        }
-        drop(locked);
-        self.journal.set_busy(false);
-        Some(cut)
-    }
-
-    /// Returns the cached memory of every stream's default pools and of every
-    /// freeable private pool to the device (nothing while quiet: that would
-    /// wait for streams during a capture).
-    fn flush_all(&self) -> Result<()> {
-        if self.pages.quiet() {
-            return Ok(());
-        }
-        let live = self.live_pool_slots();
-        for entry in self.streams.iter() {
-            if live.contains(&entry.pool) {
-                self.journaled(entry, |st| st.finish_frees(&self.pages))?;
-            } else {
-                self.journaled(entry, |st| st.empty_cache(&self.pages))?;
-            }
-        }
-        self.forget_empty_freeable_pools();
-        Ok(self.pages.retry_orphans()?)
-    }
-
-    /// After a first attempt ran out of memory: flush every stream's cache
-    /// and try once more (out of the hot path's way).
-    #[cold]
-    #[inline(never)]
-    fn retry_malloc(&self, entry: &StreamEntry, rounded: u64, size: u64) -> Result<DevicePtr> {
-        if entry.pool == 0 {
-            if let Some(ptr) = self.borrow_for_oom(entry.stream, rounded, size)? {
-                return Ok(ptr);
-            }
-        }
-        if self.pages.quiet() {
-            return Err(self.out_of_memory(entry, size, rounded));
-        }
-        entry.lock().ledger.retried();
-        self.flush_all()?;
-        let second = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
-        match second {
-            Ok(ptr) => Ok(ptr),
-            // "Tried to allocate" is the block, as PyTorch reports it.
-            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
-            Err(e) => Err((*e).into()),
-        }
-    }
-
-    fn out_of_memory(&self, entry: &StreamEntry, requested: u64, alloc_size: u64) -> Error {
-        let stats = self.stats();
-        let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        entry.lock().ledger.out_of_memory(requested, device_free);
-        Error::OutOfMemory(Box::new(OomReport {
-            device: self.backend.capabilities().device,
-            requested,
-            alloc_size,
-            capacity: self.backend.capabilities().total_memory,
-            device_free,
-            allocated: stats.memory_allocated(),
-            reserved: stats.memory_reserved(),
-            allowed: self.pages.limit(),
-            stream: entry.stream,
-            config: self.config.source.clone(),
-            policy: PolicyKind::Cachalot,
-            breakdown: None,
-        }))
     }
 }
 
@@ -530,23 +271,7 @@ impl DeviceAllocator for CachalotAllocator {
     }
 
     fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {
-        if size == 0 {
-            return Ok(0);
-        }
-        check_request(size)?;
-        let (pool, unit) = if self.pages.quiet() {
-            self.route(stream)
-        } else {
-            (0, ROUNDING)
-        };
-        let rounded = size.div_ceil(unit) * unit;
-        let entry = self.entry(stream, pool)?;
-        let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
-        match first {
-            Ok(ptr) => Ok(ptr),
-            Err(e) if !e.is_out_of_memory() => Err((*e).into()),
-            Err(_) => self.retry_malloc(entry, rounded, size),
-        }
+        self.allocate(size, stream)
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<()> {

@@ -9,26 +9,22 @@
 use std::ops::Range;
 
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
-use crate::ipc::Backing;
+use crate::backing::Backing;
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
-use super::aliases::Aliases;
-use super::cells::Cells;
+use super::heap::reuse::{Kept, Recent, Reuse};
 use super::heap::{BlockId, Heap, State};
-use super::ledger::Ledger;
-use super::pages::Pages;
-use super::reuse::{Kept, Recent, Reuse};
+use super::stats::ledger::Ledger;
+use super::vm::aliases::Aliases;
+use super::vm::cells::Cells;
+use super::vm::pages::{Pages, SEGMENT_UNIT};
 
 /// Requests of at most this many bytes go to the small pool.
 pub(crate) const SMALL_MAX: u64 = 1 << 20;
 
 /// Every block size is a multiple of this.
 pub(crate) const ROUNDING: u64 = 512;
-
-/// Segment size of the small pool without virtual memory; large segments are
-/// the request rounded up to this.
-const SEGMENT_ROUNDING: u64 = 2 << 20;
 
 /// How many freed large blocks the large pool keeps for exact-size reuse.
 pub(crate) const RECENT: usize = 16;
@@ -322,9 +318,9 @@ impl Pool {
         size: u64,
     ) -> BackendResult<()> {
         let bytes = if self.small {
-            SEGMENT_ROUNDING
+            SEGMENT_UNIT
         } else {
-            size.div_ceil(SEGMENT_ROUNDING) * SEGMENT_ROUNDING
+            size.div_ceil(SEGMENT_UNIT) * SEGMENT_UNIT
         };
         let base = pages.allocate_segment(bytes)?;
         let before = self.heap.split_free();

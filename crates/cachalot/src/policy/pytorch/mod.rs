@@ -48,10 +48,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use crate::sleep::{Backup, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;

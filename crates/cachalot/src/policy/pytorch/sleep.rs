@@ -33,6 +33,9 @@ impl State {
         if !self.backend.capabilities().virtual_memory {
             return Err(SleepError::NoVirtualMemory.into());
         }
+        if self.book.has_own_source(id)? {
+            return Err(SleepError::OwnAllocator { pool: id }.into());
+        }
         let segments = self.segments_of(slot).len();
         if segments > 0 {
             return Err(SleepError::HoldsMemory { pool: id, segments }.into());

@@ -4,12 +4,12 @@
 //! kept for reuse or merged back into its heap.
 
 use crate::backend::{Backend, BackendResult, EventId, StreamId};
+use crate::backing::Backing;
 use crate::error::FreeError;
-use crate::ipc::Backing;
 
 use super::StreamState;
 use crate::policy::cachalot::heap::{BlockId, State};
-use crate::policy::cachalot::pages::Pages;
+use crate::policy::cachalot::vm::pages::Pages;
 
 /// A freed block waiting for events on the streams recorded on it.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 
 use crate::stats::MemoryStats;
 
-use super::journal::Change;
+use super::change::Change;
 use super::tally::Family;
 
 /// Families, in [`MemoryStats`]'s order.
@@ -215,7 +215,7 @@ fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::cachalot::journal::Figures;
+    use crate::policy::cachalot::stats::journal::Figures;
     use crate::test_rng::XorShift;
 
     /// `shift` moves every current value as applying the change to a stream's

@@ -35,13 +35,10 @@
 //! steadily, nobody wakes it. A reader that waits for cuts wakes the
 //! threads from their naps ([`Settler::hurry`]).
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use super::merge::{Cut, Merged};
 
 /// Cuts waiting for the settler at most; past that, the thread that took a
 /// cut settles it.
@@ -61,67 +58,27 @@ const NAPS: (Duration, Duration) = (Duration::from_micros(10), Duration::from_mi
 /// Naps at most before a settler thread waits on the queue.
 const POLL: u32 = 16;
 
-/// The merge state and the signal that a cut was settled: shared by the
-/// device's side and the settler threads.
-#[derive(Debug, Default)]
-pub(crate) struct MergeState {
-    merged: Mutex<Option<Merged>>,
-    /// Signalled when a cut is settled.
-    settled: Condvar,
-}
+/// What the settler threads settle cuts into: shared by the device's side
+/// and the threads (the merge state, `merge`).
+pub(crate) trait Settle: Send + Sync + 'static {
+    /// A cut: the work handed over.
+    type Cut: Send + 'static;
 
-impl MergeState {
-    /// The merge state: `None` while the device has had one stream.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Merged>> {
-        self.merged.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The merge state, unless another thread holds it.
-    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Option<Merged>>> {
-        match self.merged.try_lock() {
-            Ok(guard) => Some(guard),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// Waits, the merge state locked, until every cut taken is settled.
-    pub(crate) fn wait_idle<'a>(
-        &self,
-        mut guard: MutexGuard<'a, Option<Merged>>,
-    ) -> MutexGuard<'a, Option<Merged>> {
-        while guard.as_ref().is_some_and(|m| !m.idle()) {
-            guard = self.settled.wait(guard).unwrap_or_else(|e| e.into_inner());
-        }
-        guard
-    }
-
-    /// Settles `cut` and takes it back into the merge state. A settle that
-    /// panics (a bug) still finishes the cut, so that readers never wait for
-    /// it forever, and leaves the merge state marked for `validate`.
-    pub(crate) fn settle(&self, mut cut: Cut) {
-        let panicked = catch_unwind(AssertUnwindSafe(|| cut.settle())).is_err();
-        if let Some(m) = self.lock().as_mut() {
-            if panicked {
-                m.mark_lost();
-            }
-            m.finish(cut);
-        }
-        self.settled.notify_all();
-    }
+    /// Settles `cut`, on a settler thread or on the thread that took it.
+    fn settle(&self, cut: Self::Cut);
 }
 
 /// The queue to the settler threads, which they share.
 #[derive(Debug)]
-struct Queue {
-    cuts: SyncSender<Cut>,
-    taken: Arc<Mutex<Receiver<Cut>>>,
+struct Queue<C> {
+    cuts: SyncSender<C>,
+    taken: Arc<Mutex<Receiver<C>>>,
     /// The process the threads run in: a child forked from it has none.
     pid: u32,
 }
 
-impl Queue {
-    fn new() -> Queue {
+impl<C> Queue<C> {
+    fn new() -> Queue<C> {
         let (cuts, taken) = sync_channel(QUEUE);
         Queue {
             cuts,
@@ -134,20 +91,22 @@ impl Queue {
     fn forked(&self) -> bool {
         self.pid != std::process::id()
     }
+}
 
+impl<C: Send + 'static> Queue<C> {
     /// Starts a settler thread on the queue; `None` where the system refuses
     /// one.
-    fn start(&self, state: &Arc<MergeState>) -> Option<JoinHandle<()>> {
+    fn start<S: Settle<Cut = C>>(&self, state: &Arc<S>) -> Option<JoinHandle<()>> {
         let (state, taken) = (state.clone(), self.taken.clone());
         std::thread::Builder::new()
             .name("cachalot-settler".to_string())
-            .spawn(move || Queue::run(&state, &taken))
+            .spawn(move || Queue::run(&*state, &taken))
             .ok()
     }
 
     /// Settles cuts until the queue is closed and emptied. One thread at a
     /// time waits on the queue; the others wait for it to take a cut.
-    fn run(state: &MergeState, taken: &Mutex<Receiver<Cut>>) {
+    fn run<S: Settle<Cut = C>>(state: &S, taken: &Mutex<Receiver<C>>) {
         let (mut last, mut nap) = (Instant::now(), NAPS.1);
         loop {
             let cut = {
@@ -167,7 +126,7 @@ impl Queue {
     /// allocating thread 4% of its time with a side stream). `None` once
     /// the naps are over (the thread then waits on the queue), or the queue
     /// is closed.
-    fn poll(queue: &Receiver<Cut>, nap: Duration) -> Option<Cut> {
+    fn poll(queue: &Receiver<C>, nap: Duration) -> Option<C> {
         for _ in 0..POLL {
             match queue.try_recv() {
                 Ok(cut) => return Some(cut),
@@ -181,24 +140,24 @@ impl Queue {
 
 /// See the module docs.
 #[derive(Debug)]
-pub(crate) struct Settler {
-    queue: OnceLock<Queue>,
+pub(crate) struct Settler<C> {
+    queue: OnceLock<Queue<C>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Settler threads at most.
     most: usize,
 }
 
-impl Default for Settler {
+impl<C> Default for Settler<C> {
     /// At most a quarter of the machine's cores settle (one to [`THREADS`]).
-    fn default() -> Settler {
+    fn default() -> Settler<C> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Settler::with_threads((cores / 4).clamp(1, THREADS))
     }
 }
 
-impl Settler {
+impl<C> Settler<C> {
     /// A settler of at most `most` threads.
-    pub(crate) fn with_threads(most: usize) -> Settler {
+    pub(crate) fn with_threads(most: usize) -> Settler<C> {
         Settler {
             queue: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
@@ -206,10 +165,17 @@ impl Settler {
         }
     }
 
+    /// Settler threads started so far.
+    fn threads(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<C: Send + 'static> Settler<C> {
     /// Settles `cut` on a settler thread (the first started on first use),
     /// or here where the queue is full (starting one more thread, up to the
     /// most) or no thread can be started (module docs).
-    pub(crate) fn hand(&self, mut cut: Cut, state: &Arc<MergeState>) {
+    pub(crate) fn hand<S: Settle<Cut = C>>(&self, mut cut: C, state: &Arc<S>) {
         let queue = self.queue.get_or_init(Queue::new);
         if queue.forked() {
             return state.settle(cut);
@@ -233,14 +199,9 @@ impl Settler {
         }
     }
 
-    /// Settler threads started so far.
-    fn threads(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.threads.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Starts one more settler thread, unless the most are running or the
     /// system refuses one: whether one started.
-    fn grow(&self, queue: &Queue, state: &Arc<MergeState>) -> bool {
+    fn grow<S: Settle<Cut = C>>(&self, queue: &Queue<C>, state: &Arc<S>) -> bool {
         let mut threads = self.threads();
         if threads.len() >= self.most {
             return false;
@@ -255,7 +216,7 @@ impl Settler {
     }
 }
 
-impl Drop for Settler {
+impl<C> Drop for Settler<C> {
     fn drop(&mut self) {
         let queue = self.queue.take();
         let threads = std::mem::take(&mut *self.threads());
@@ -276,27 +237,38 @@ impl Drop for Settler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Condvar;
 
-    /// Hands `n` cuts to `settler` at once.
-    fn hand_cuts(settler: &Settler, state: &Arc<MergeState>, n: usize) {
-        for _ in 0..n {
-            let cut = state.lock().as_mut().map(Merged::begin).expect("merging");
-            settler.hand(cut, state);
+    /// Counts the cuts settled.
+    #[derive(Debug, Default)]
+    struct Count {
+        settled: Mutex<usize>,
+        more: Condvar,
+    }
+
+    impl Settle for Count {
+        type Cut = ();
+
+        fn settle(&self, (): ()) {
+            *self.settled.lock().expect("the count") += 1;
+            self.more.notify_all();
         }
     }
 
-    /// Whether every cut handed over was settled, once readers stop waiting.
-    fn all_settled(state: &MergeState) -> bool {
-        state
-            .wait_idle(state.lock())
-            .as_ref()
-            .is_some_and(Merged::idle)
+    /// Hands `n` cuts to `settler` at once.
+    fn hand_cuts(settler: &Settler<()>, state: &Arc<Count>, n: usize) {
+        for _ in 0..n {
+            settler.hand((), state);
+        }
     }
 
-    fn merging() -> Arc<MergeState> {
-        let state = Arc::new(MergeState::default());
-        *state.lock() = Some(Merged::default());
-        state
+    /// Whether `n` cuts were settled, once they all are.
+    fn all_settled(state: &Count, n: usize) -> bool {
+        let mut settled = state.settled.lock().expect("the count");
+        while *settled < n {
+            settled = state.more.wait(settled).expect("the count");
+        }
+        *settled == n
     }
 
     /// More cuts than the queue holds, handed over at once: each is settled
@@ -304,10 +276,10 @@ mod tests {
     /// of them, and dropping the settler joins its threads.
     #[test]
     fn every_cut_handed_over_is_settled() {
-        let state = merging();
+        let state = Arc::new(Count::default());
         let settler = Settler::default();
         hand_cuts(&settler, &state, 10 * QUEUE);
-        assert!(all_settled(&state));
+        assert!(all_settled(&state, 10 * QUEUE));
         drop(settler);
         assert_eq!(
             Arc::strong_count(&state),
@@ -320,7 +292,7 @@ mod tests {
     /// to the most, and none past that.
     #[test]
     fn a_full_queue_starts_threads_up_to_the_most() {
-        let state = merging();
+        let state = Arc::new(Count::default());
         let settler = Settler::with_threads(2);
         let queue = settler.queue.get_or_init(Queue::new);
         let held = queue.taken.lock().expect("the queue");
@@ -335,7 +307,7 @@ mod tests {
         hand_cuts(&settler, &state, 3);
         assert_eq!(settler.threads().len(), 2, "never past the most");
         drop(held);
-        assert!(all_settled(&state));
+        assert!(all_settled(&state, QUEUE + 4));
         drop(settler);
         assert_eq!(Arc::strong_count(&state), 1);
     }

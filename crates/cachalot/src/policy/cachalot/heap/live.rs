@@ -4,7 +4,7 @@
 //! bytes of the range, since no two live blocks can start in the same one.
 //! The table costs a shift and a compare where the map hashes and probes.
 
-use super::heap::BlockId;
+use super::block::BlockId;
 use crate::addr_map::AddrMap;
 
 /// See the module docs.

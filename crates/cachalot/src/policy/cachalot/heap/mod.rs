@@ -13,51 +13,14 @@
 
 use std::collections::BTreeMap;
 
-use super::index::{Entry, FreeIndex};
-use super::live::LiveIndex;
+mod block;
+mod index;
+mod live;
+pub(crate) mod reuse;
 
-/// A block's index in the heap's arena.
-pub(crate) type BlockId = u32;
-
-/// Where a block is in its life.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum State {
-    /// In the free index, reusable.
-    Free,
-    /// Handed to a caller.
-    Allocated,
-    /// Freed by the caller, waiting for streams recorded on it.
-    PendingFree,
-    /// Freed and kept unmerged for reuse at its exact size (`reuse`).
-    Kept,
-}
-
-/// A contiguous sub-range of a region.
-#[derive(Clone, Debug)]
-pub(crate) struct Block {
-    /// Start address.
-    pub(crate) addr: u64,
-    /// Size in bytes (a multiple of the heap's rounding).
-    pub(crate) size: u64,
-    /// Bytes the caller asked for (0 when free).
-    pub(crate) requested: u64,
-    /// Its state.
-    pub(crate) state: State,
-    prev: Option<BlockId>,
-    next: Option<BlockId>,
-}
-
-impl Block {
-    /// The first address past the block.
-    pub(crate) fn end(&self) -> u64 {
-        self.addr + self.size
-    }
-
-    /// Whether it shares its region with other blocks.
-    fn is_split(&self) -> bool {
-        self.prev.is_some() || self.next.is_some()
-    }
-}
+pub(crate) use block::{Block, BlockId, State};
+use index::{Entry, FreeIndex};
+use live::LiveIndex;
 
 /// A range of addresses the heap places blocks in.
 #[derive(Copy, Clone, Debug)]

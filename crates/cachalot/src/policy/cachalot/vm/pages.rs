@@ -10,6 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
 
+/// What device segments are rounded up to, without virtual memory (the
+/// small pool's segment size).
+pub(crate) const SEGMENT_UNIT: u64 = 2 << 20;
+
 /// See the module docs.
 pub(crate) struct Pages {
     backend: Arc<dyn Backend>,
@@ -18,6 +22,10 @@ pub(crate) struct Pages {
     limit: AtomicU64,
     /// Bytes held now in pages and segments.
     held: AtomicU64,
+    /// The device's memory, or the limit where lower, in whole pages (in
+    /// whole segment units without virtual memory): no request of more is
+    /// ever served.
+    most: AtomicU64,
     /// Unmapped handles (with their bytes) whose release failed; retried by
     /// [`Pages::retry_orphans`].
     orphans: Mutex<Vec<(PageHandle, u64)>>,
@@ -43,14 +51,17 @@ impl Pages {
         let granularity = Some(backend.capabilities().granularity)
             .filter(|g| g.is_power_of_two())
             .unwrap_or(0);
-        Pages {
+        let pages = Pages {
             backend,
             granularity,
             limit: AtomicU64::new(u64::MAX),
             held: AtomicU64::new(0),
+            most: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             quiet: AtomicBool::new(false),
-        }
+        };
+        pages.set_limit(None);
+        pages
     }
 
     /// Whether streams must not wait or query events now: while a route to a
@@ -77,8 +88,21 @@ impl Pages {
 
     /// Sets the byte limit (`None` = none).
     pub(crate) fn set_limit(&self, limit: Option<u64>) {
-        self.limit
-            .store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let limit = limit.unwrap_or(u64::MAX);
+        self.limit.store(limit, Ordering::Relaxed);
+        let unit = match self.granularity {
+            0 => SEGMENT_UNIT,
+            g => g,
+        };
+        let most = limit.min(self.backend.capabilities().total_memory);
+        self.most.store(most / unit * unit, Ordering::Relaxed);
+    }
+
+    /// Whether a block of `bytes` could ever be served: it fits in the
+    /// device's memory (or under the limit), whole pages counted. What
+    /// could not is refused before any driver call.
+    pub(crate) fn ever_fits(&self, bytes: u64) -> bool {
+        bytes <= self.most.load(Ordering::Relaxed)
     }
 
     /// The byte limit, if any.

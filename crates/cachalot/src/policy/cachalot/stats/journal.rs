@@ -41,6 +41,7 @@ use crate::stats::MemoryStats;
 
 use std::sync::Arc;
 
+use super::change::Change;
 use super::levels::Levels;
 use super::stamp::{self, Stamper};
 use super::tally::{Family, Tally};
@@ -63,40 +64,6 @@ pub(crate) enum Fill {
     Full,
     /// Far past it: the stream waits for a merge.
     Overfull,
-}
-
-/// One change to a stream's statistics, as its ledger makes it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Change {
-    /// A block of `size` bytes was handed out for `requested`.
-    Allocated {
-        small: bool,
-        size: u64,
-        requested: u64,
-    },
-    /// Its caller freed a block that other streams still use.
-    FreeRequested { small: bool, size: u64 },
-    /// A block freed earlier became reusable.
-    FreeCompleted {
-        small: bool,
-        size: u64,
-        requested: u64,
-    },
-    /// Its caller freed a block that became reusable at once.
-    Freed {
-        small: bool,
-        size: u64,
-        requested: u64,
-    },
-    /// Reserved bytes and segments changed (pages mapped or unmapped,
-    /// segments allocated or freed).
-    Reserved {
-        small: bool,
-        bytes: i64,
-        segments: i64,
-    },
-    /// Inactive split blocks changed.
-    Splits { small: bool, count: i64, bytes: i64 },
 }
 
 /// A stream's statistics, which [`Change`]s are applied to.

@@ -9,7 +9,7 @@
 //! mapped, and on `empty_cache` and out-of-memory flushes; the small pool is
 //! a few percent of a workload's memory, so what they keep is small.
 
-use super::heap::BlockId;
+use super::block::BlockId;
 
 /// log2 of the size step (blocks are 512-byte multiples).
 const STEP_SHIFT: u32 = 9;

@@ -27,14 +27,16 @@
 //! the statistics (or a reset of the peaks) waits until every cut taken is
 //! settled, then takes and settles its own.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::InvariantViolation;
 
-use super::journal::{Change, Figures, Journal, Run};
+use super::change::Change;
+use super::journal::{Figures, Journal, Run};
 use super::levels::Levels;
-use super::settler::{MergeState, Settler};
+use super::settler::{Settle, Settler};
 use super::stamp::Stamper;
 
 /// The device's side: the stamps the streams take (`stamp`), the merge state and
@@ -48,7 +50,7 @@ pub(crate) struct DeviceJournal {
     merging: AtomicBool,
     /// Whether the device has had several streams (streams journal).
     several: AtomicBool,
-    settler: Settler,
+    settler: Settler<Cut>,
 }
 
 impl DeviceJournal {
@@ -139,6 +141,60 @@ impl DeviceJournal {
     /// A new, empty journal from `figures`' values.
     pub(crate) fn journal(&self, figures: &mut Figures) -> Journal {
         Journal::new(self.stamps.clone(), figures)
+    }
+}
+
+/// The merge state and the signal that a cut was settled: shared by the
+/// device's side and the settler threads.
+#[derive(Debug, Default)]
+struct MergeState {
+    merged: Mutex<Option<Merged>>,
+    /// Signalled when a cut is settled.
+    settled: Condvar,
+}
+
+impl MergeState {
+    /// The merge state: `None` while the device has had one stream.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Option<Merged>> {
+        self.merged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The merge state, unless another thread holds it.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Option<Merged>>> {
+        match self.merged.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Waits, the merge state locked, until every cut taken is settled.
+    pub(crate) fn wait_idle<'a>(
+        &self,
+        mut guard: MutexGuard<'a, Option<Merged>>,
+    ) -> MutexGuard<'a, Option<Merged>> {
+        while guard.as_ref().is_some_and(|m| !m.idle()) {
+            guard = self.settled.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        guard
+    }
+}
+
+impl Settle for MergeState {
+    type Cut = Cut;
+
+    /// Settles `cut` and takes it back into the merge state. A settle that
+    /// panics (a bug) still finishes the cut, so that readers never wait for
+    /// it forever, and leaves the merge state marked for `validate`.
+    fn settle(&self, mut cut: Cut) {
+        let panicked = catch_unwind(AssertUnwindSafe(|| cut.settle())).is_err();
+        if let Some(m) = self.lock().as_mut() {
+            if panicked {
+                m.mark_lost();
+            }
+            m.finish(cut);
+        }
+        self.settled.notify_all();
     }
 }
 
@@ -444,7 +500,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::cachalot::journal::Figures;
+    use crate::policy::cachalot::stats::journal::Figures;
     use crate::stats::MemoryStats;
     use crate::test_rng::XorShift;
     use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! from a size visits exactly the order a sorted map by (size, address) would,
 //! so placement decisions do not depend on this structure.
 
-use super::heap::BlockId;
+use super::block::BlockId;
 
 /// Sizes below `EXACT << UNIT_SHIFT` bytes have a class each.
 const EXACT: u64 = 64;

@@ -14,7 +14,8 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
-use super::journal::{Change, Figures, Journal, Run};
+use super::change::Change;
+use super::journal::{Figures, Journal, Run};
 use super::merge::{DeviceJournal, Merged};
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
