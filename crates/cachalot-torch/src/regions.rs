@@ -110,3 +110,16 @@ pub unsafe extern "C" fn cachalot_tag_resume(name: *const c_char) -> *mut c_char
 pub extern "C" fn cachalot_tags() -> *mut c_char {
     string(|| json(&tags().states(registry()?)?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_backup_code_is_refused_with_the_codes_known() {
+        assert_eq!(backup(0).unwrap(), Backup::None);
+        assert_eq!(backup(1).unwrap(), Backup::Host);
+        let e = backup(2).unwrap_err();
+        assert!(e.to_string().contains("0: none, 1: host"), "{e}");
+    }
+}
