@@ -6,7 +6,7 @@
 # allocator, compiling nothing: the suite fails if anything was compiled into
 # cachalot's cache), runs the plug-in suite once per policy, then (unless
 # --quick) the model benchmark and the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows but the differential checker, in the
 #                environment --prepare made (gpu.sh runs the checker apart)
@@ -25,7 +25,7 @@
 #                the machine's torch), PT_WHEELS a folder of wheels the tests
 #                need that the machine lacks (expecttest), PT_ARGS more options
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
@@ -36,6 +36,7 @@ export XDG_CACHE_HOME=/tmp/cachalot-cache
 # Folders given relative to where the script was started.
 tests=${PT_TESTS:+$(cd "$PT_TESTS" && pwd)}
 wheels=${PT_WHEELS:+$(cd "$PT_WHEELS" && pwd)}
+sleep_wheels=${SLEEP_WHEELS:+$(cd "$SLEEP_WHEELS" && pwd)}
 cd /tmp  # import the installed package, not a checkout's
 
 # What each mode runs, in this order: env (a fresh environment and the
@@ -51,7 +52,8 @@ case $mode in
   --diff) steps="diff" ;;
   --dist) steps="dist" ;;
   --pttests) steps="pttests" ;;
-  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff, --dist or --pttests)" >&2
+  --sleep) steps="sleep" ;;
+  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff, --dist, --pttests or --sleep)" >&2
      exit 2 ;;
 esac
 step() { [[ " $steps " == *" $1 "* ]]; }
@@ -104,5 +106,15 @@ if step pttests; then
   # shellcheck disable=SC2086  # PT_ARGS is a list of options
   "$venv/bin/python" "$dir/scripts/pytorch_tests.py" "$tests" --json "$out/pttests.json" \
     --markdown "$out/pttests.md" ${PT_ARGS:-} || status=1
+fi
+if step sleep; then
+  if [ -n "$sleep_wheels" ]; then
+    "$venv/bin/pip" install --no-index --no-deps -q "$sleep_wheels"/torch_memory_saver-*.whl || exit 1
+  fi
+  echo "--- sleep and wake: pause and resume per GiB, cachalot against torch_memory_saver and a plain offload"
+  "$venv/bin/python" "$dir/scripts/sleep_bench.py" --gib "${SLEEP_GIB:-8}" --json "$out/sleep.json" \
+    --markdown "$out/sleep.md" || status=1
+  echo "--- an RL-style loop: trainer and generator take turns, paused against never paused"
+  "$venv/bin/python" "$dir/scripts/rl_loop.py" --rounds "${RL_ROUNDS:-5}" --json "$out/rl_loop.json" || status=1
 fi
 exit $status

@@ -22,6 +22,10 @@ then ``conf`` or ``CACHALOT_ALLOC_CONF`` over them (the same syntax plus
 library first serves; ``torch.cuda.memory._set_allocator_settings`` changes them
 while the program runs, as in PyTorch.
 ``python -m cachalot_torch`` prints what is installed and checks it.
+
+Sleep and wake (:mod:`cachalot_torch.sleep`): ``with region("weights", backup="host"):``
+tags allocations; ``pause()`` gives their memory back to the device and
+``resume()`` brings it back at the same addresses.
 """
 
 import ctypes
@@ -31,7 +35,20 @@ import pathlib
 import sys
 
 __version__ = "0.1.0"
-__all__ = ["use", "installed", "config", "validate", "library_path", "CachalotError", "SetupError"]
+__all__ = [
+    "use",
+    "installed",
+    "config",
+    "validate",
+    "library_path",
+    "region",
+    "pause",
+    "resume",
+    "cuda_graph",
+    "tags",
+    "CachalotError",
+    "SetupError",
+]
 
 _LIB_NAME = "libcachalot_torch.so"
 _CONF_VAR = "CACHALOT_ALLOC_CONF"
@@ -162,3 +179,7 @@ def validate(device=None):
 
         device = torch.cuda.current_device()
     _check(_load().cachalot_validate(int(device)), f"validate(device {device})")
+
+
+# Sleep and wake of tagged memory (cachalot_torch.region, pause, resume).
+from .sleep import cuda_graph, pause, region, resume, tags  # noqa: E402
