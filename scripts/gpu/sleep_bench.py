@@ -1,7 +1,8 @@
 """Sleep and wake, side by side on one GPU: how long a pause and a resume take
 per GiB, without and with a host backup, for cachalot's tags
 (cachalot_torch.region / pause / resume under policy:pytorch),
-torch_memory_saver (its MemPool mode, "torch", on PyTorch's own allocator) and
+torch_memory_saver 0.0.10 (its default mode: cudaMalloc hooked through
+LD_PRELOAD, on PyTorch's own allocator) and
 a plain offload (`.to("cpu")` and back); and whether the device's free memory
 (cudaMemGetInfo) comes back to within 1% of what it was before the tagged
 allocations. Each contender runs in a process of its own.
@@ -10,6 +11,7 @@ Usage: python3 sleep_bench.py [--gib 8] [--rounds 5] [--json F] [--markdown F]
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -64,7 +66,7 @@ def run_one(kind, backup, gib, rounds):
     elif kind == "torch_memory_saver":
         from torch_memory_saver import torch_memory_saver as saver
 
-        saver.hook_mode = "torch"
+        # Its default mode: cudaMalloc hooked through LD_PRELOAD (main() sets it).
         with saver.region(tag="bench", enable_cpu_backup=backup == "host"):
             xs = _tensors(torch, gib)
         pause, resume = (lambda: saver.pause("bench")), (lambda: saver.resume("bench"))
@@ -146,6 +148,21 @@ def verdict(rows):
     return failures
 
 
+@contextlib.contextmanager
+def preloaded(kind):
+    """torch_memory_saver's hook library in LD_PRELOAD for its own contender."""
+    if kind != "torch_memory_saver":
+        yield
+        return
+    try:
+        from torch_memory_saver import configure_subprocess
+    except ImportError:
+        yield  # the contender fails with the import error, reported in its row
+        return
+    with configure_subprocess():
+        yield
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=int, default=8)
@@ -161,7 +178,8 @@ def main():
     rows = []
     for kind, backup in CONTENDERS:
         cmd = [sys.executable, __file__, "--gib", str(args.gib), "--rounds", str(args.rounds), "--one", kind, backup or "none"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        with preloaded(kind):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             reason = (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1]
             print(done.stderr[-3000:], file=sys.stderr)

@@ -47,11 +47,13 @@ pub enum PluginError {
     },
     /// A tag name that no `region` made. Remedy: allocate in a region of that
     /// name first, or check the spelling.
-    #[error("no tag named {name:?} (tags: {known}): allocate inside cachalot_torch.region({name:?}) first")]
+    #[error(
+        "no tag named {name:?} ({known}): allocate inside cachalot_torch.region({name:?}) first"
+    )]
     UnknownTag {
         /// The name asked for.
         name: String,
-        /// The names there are, comma-separated.
+        /// The names there are ("tags: a, b"), or "no tags yet".
         known: String,
     },
     /// An address that no device's allocator handed out.

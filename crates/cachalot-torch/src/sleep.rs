@@ -12,7 +12,7 @@
 //! pools that are awake are paused (or those paused are resumed), which is
 //! never an error of state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use cachalot::private_pool::PoolId;
@@ -120,18 +120,30 @@ impl TagBook {
         Ok(())
     }
 
-    /// Pauses the pools of `name` (every tag's when `None`).
+    /// Pauses the pools of `name` (every tag's when `None`), then gives the
+    /// cache of free blocks of their devices back too (counted in
+    /// `released`): a pause leaves the device as free as the program can.
     ///
     /// # Errors
     /// [`PluginError::UnknownTag`]; the first pool's refusal (the pools before
-    /// it stay paused).
+    /// it stay paused); a device whose cache cannot be released.
     pub fn pause(
         &self,
         registry: &Registry,
         name: Option<&str>,
         when_busy: WhenBusy,
     ) -> PluginResult<Totals> {
-        self.each(registry, name, true, |a, id| a.pause_tag(id, when_busy))
+        let mut totals = self.each(registry, name, true, |a, id| a.pause_tag(id, when_busy))?;
+        let devices: BTreeSet<usize> = self.pools(name)?.iter().map(|p| p.device).collect();
+        for device in devices {
+            let allocator = registry.device(device as i64)?;
+            let before = allocator.memory_reserved();
+            allocator
+                .empty_cache()
+                .map_err(PluginError::allocator(device))?;
+            totals.report.released += before.saturating_sub(allocator.memory_reserved());
+        }
+        Ok(totals)
     }
 
     /// Resumes the pools of `name` (every tag's when `None`).
@@ -208,7 +220,13 @@ impl TagBook {
             .cloned()
             .ok_or_else(|| PluginError::UnknownTag {
                 name: name.to_string(),
-                known: names.keys().cloned().collect::<Vec<_>>().join(", "),
+                known: match names.len() {
+                    0 => "no tags yet".to_string(),
+                    _ => format!(
+                        "tags: {}",
+                        names.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                },
             })
     }
 }
@@ -349,7 +367,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tag named \"weights\" (tags: ): allocate inside cachalot_torch.region(\"weights\") first"
+            "no tag named \"weights\" (no tags yet): allocate inside cachalot_torch.region(\"weights\") first"
         );
         assert_eq!(
             book.pause(&r, None, WhenBusy::Synchronize).unwrap(),
@@ -363,5 +381,22 @@ mod tests {
             .unwrap_err();
         assert!(matches!(sleep_error(e), SleepError::OtherBackup { .. }));
         assert_eq!(book.states(&r).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_pause_gives_the_devices_cache_of_free_blocks_back_too() {
+        let (r, book) = (sim_registry(), TagBook::new());
+        region(&r, &book, "kv", 0, PoolId(0, 1), Backup::None, 20 * MIB);
+        let a = r.device(0).unwrap();
+        let cached = a.malloc(30 * MIB, StreamId::DEFAULT).unwrap();
+        a.free(cached).unwrap();
+        assert_eq!(a.memory_reserved(), 50 * MIB);
+        let done = book.pause(&r, Some("kv"), WhenBusy::Synchronize).unwrap();
+        assert_eq!(
+            (done.report.bytes, done.report.released),
+            (20 * MIB, 30 * MIB)
+        );
+        assert_eq!(a.memory_reserved(), 0, "the tag paused, the cache released");
+        a.validate().unwrap();
     }
 }

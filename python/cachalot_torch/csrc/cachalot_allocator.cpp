@@ -891,9 +891,13 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   ClockMap clock_;
 };
 
+// The allocator lives until the process ends and is never destroyed, as
+// PyTorch's own is: a reference held here is never dropped. Destroying it at
+// exit would free the Python tracebacks its history keeps after the
+// interpreter is gone ("double free or corruption" after the last test).
 std::shared_ptr<CachalotAllocator>& instance() {
-  static std::shared_ptr<CachalotAllocator> the;
-  return the;
+  static auto* the = new std::shared_ptr<CachalotAllocator>();
+  return *the;
 }
 
 void deleter(void* ptr) {
