@@ -20,7 +20,8 @@ valid::
     cachalot_torch.resume()           # weights restored, KV cache to be refilled
 
 A tag is one ``torch.cuda.MemPool`` per device and backup, made a tag before its
-first allocation; :func:`tags` lists them and where each stands. Served under
+first allocation (:func:`tag` adds a pool made elsewhere); :func:`tags` lists
+them and where each stands. Served under
 the pytorch policy; the cachalot policy says it cannot yet.
 
 :data:`torch_memory_saver` has the shape of the ``torch_memory_saver`` package's
@@ -37,7 +38,7 @@ import threading
 
 from . import CachalotError, _check, _import_torch, _load, _take
 
-__all__ = ["region", "pause", "resume", "cuda_graph", "tags", "TorchMemorySaver", "torch_memory_saver"]
+__all__ = ["region", "pause", "resume", "cuda_graph", "tags", "tag", "TorchMemorySaver", "torch_memory_saver"]
 
 _BACKUPS = {None: 0, "host": 1}
 _pools = {}
@@ -98,6 +99,18 @@ def pool(tag, backup=None, device=None):
         _check(_lib().cachalot_tag_add(name, index, made.id[0], made.id[1], code), f"region({tag!r})")
         _pools[key] = made
         return made
+
+
+def tag(mempool, name, backup=None):
+    """Makes ``mempool`` (a ``torch.cuda.MemPool`` of the current device, made
+    elsewhere, before its first allocation) one of the pools of tag ``name``:
+    it then sleeps and wakes with the tag. A pool with an allocator of its own
+    cannot be one."""
+    torch = _import_torch()
+    index = torch.cuda.current_device()
+    pool_id = mempool.id
+    _check(_lib().cachalot_tag_add(_name(name), index, pool_id[0], pool_id[1], _backup_code(backup)), f"tag({name!r})")
+    return mempool
 
 
 @contextlib.contextmanager

@@ -79,6 +79,24 @@ def test_a_graph_captured_in_a_tag_replays_after_a_resume(pytorch_policy):
     cachalot_torch.validate()
 
 
+def test_a_mempool_made_elsewhere_joins_a_tag(pytorch_policy):
+    torch = pytorch_policy
+    mine = sleep.tag(torch.cuda.MemPool(), "t_mine", backup="host")
+    with torch.cuda.use_mem_pool(mine):
+        x = torch.full((8 * MIB,), 4, dtype=torch.uint8, device="cuda")
+    done = sleep.pause("t_mine")
+    assert done["bytes"] >= 8 * MIB and done["copied"] >= 8 * MIB, done
+    sleep.resume("t_mine")
+    assert int(x.sum().item()) == 4 * 8 * MIB
+    used = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(used):
+        y = torch.empty(MIB, device="cuda")
+    with pytest.raises(cachalot_torch.CachalotError, match="before its first allocation"):
+        sleep.tag(used, "t_late")
+    del x, y
+    cachalot_torch.validate()
+
+
 def test_bad_calls_are_errors_that_say_what_to_do(pytorch_policy):
     torch = pytorch_policy
     with sleep.region("t_bad"):
