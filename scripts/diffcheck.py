@@ -27,7 +27,7 @@ synchronization, an empty_cache or a deletion (each would break the capture).
 Under expandable_segments the programs hold no MemPool and no capture:
 PyTorch 2.11's private pools on expandable segments fail its own assert at an
 empty_cache (`cudaMalloc_count > 0`), and crash when a graph dies before a
-tensor captured into it (docs/benchmarks-history.md). No tensor used on another stream is freed while a MemPool or a capture is
+tensor captured into it (seen on an H100 with torch 2.11). No tensor used on another stream is freed while a MemPool or a capture is
 routed to: PyTorch defers such a free's events to the first allocation after
 the route, which records them and queries them at once, so whether they have
 completed is a race on the GPU, not the allocator's logic (the unit tests and
@@ -196,7 +196,7 @@ def _graph_op(rng, st):
     deleted only once the tensors captured into it are gone: PyTorch 2.11
     under expandable_segments can erase the pool of a deleted graph at the
     next empty_cache while such a tensor lives, and then crashes (a
-    segmentation fault) when that tensor is freed (docs/benchmarks-history.md)."""
+    segmentation fault) when that tensor is freed (seen on an H100)."""
     if st.route is not None or not st.private_pools:
         return None
     choices = []

@@ -10,7 +10,7 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay driver bench torch models diff dist pttests; the tables always): the whole script takes longer than
+# replay driver bench torch models diff dist pttests sleep; the tables always): the whole script takes longer than
 # one 10-minute device call, so a session runs it in four, e.g.
 # ONLY="record tests bench", ONLY="sanitizer checks replay driver diff", ONLY="torch"
 # (the plug-in suite per policy) and ONLY="models" (real models, the tuner proven); the
@@ -51,7 +51,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if { want torch || want models || want diff || want dist || want pttests; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want models || want diff || want dist || want pttests || want sleep; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -207,11 +207,17 @@ section "6d. PyTorch's own CUDA memory tests (test_cuda.py of PT_TESTS): native,
 drop_in --pttests
 fi
 
+if want sleep; then
+section "6e. sleep and wake: cachalot's tags against torch_memory_saver and a plain offload; an RL-style loop (SLEEP_WHEELS: a folder with torch_memory_saver's wheel)"
+drop_in --sleep
+fi
+
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
 [ -f "$out/diffcheck.md" ] && { cat "$out/diffcheck.md"; echo; }
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
+[ -f "$out/sleep.md" ] && { echo "Sleep and wake (ms per GiB):"; cat "$out/sleep.md"; echo; }
 [ -f "$out/pttests.md" ] && { echo "PyTorch's CUDA memory tests:"; cat "$out/pttests.md"; echo; }
 [ -f "$out/driver_costs.md" ] && { cat "$out/driver_costs.md"; echo; }
 [ -f "$out/slack_trade.md" ] && { cat "$out/slack_trade.md"; echo; }

@@ -7,10 +7,11 @@ Before anything touches CUDA::
     x = torch.randn(1 << 20, device="cuda")
     torch.cuda.memory_allocated()             # answered by cachalot
 
-:func:`use` compiles (once, cached by ``torch.utils.cpp_extension``) a small C++
-subclass of PyTorch's ``CUDAAllocator`` against the installed torch and makes it
-PyTorch's CUDA allocator. Every ``torch.cuda`` memory function then reads
-cachalot: ``memory_stats``, ``memory_summary``, ``max_memory_allocated``,
+:func:`use` loads a small C++ subclass of PyTorch's ``CUDAAllocator`` and makes
+it PyTorch's CUDA allocator: the one the wheel carries prebuilt for its torch
+release (``python -m cachalot_torch`` says which), else one compiled against the
+installed torch on first use (once, into ``~/.cache/cachalot_torch``). Every
+``torch.cuda`` memory function then reads cachalot: ``memory_stats``, ``memory_summary``, ``max_memory_allocated``,
 ``reset_peak_memory_stats``, ``empty_cache``, ``_record_memory_history``,
 ``_snapshot``, ``_dump_snapshot``; running out of memory raises
 ``torch.cuda.OutOfMemoryError`` with cachalot's breakdown.
@@ -21,15 +22,33 @@ then ``conf`` or ``CACHALOT_ALLOC_CONF`` over them (the same syntax plus
 library first serves; ``torch.cuda.memory._set_allocator_settings`` changes them
 while the program runs, as in PyTorch.
 ``python -m cachalot_torch`` prints what is installed and checks it.
+
+Sleep and wake (:mod:`cachalot_torch.sleep`): ``with region("weights", backup="host"):``
+tags allocations; ``pause()`` gives their memory back to the device and
+``resume()`` brings it back at the same addresses.
 """
 
 import ctypes
 import json
 import os
 import pathlib
+import sys
 
 __version__ = "0.1.0"
-__all__ = ["use", "installed", "config", "validate", "library_path", "CachalotError"]
+__all__ = [
+    "use",
+    "installed",
+    "config",
+    "validate",
+    "library_path",
+    "region",
+    "pause",
+    "resume",
+    "cuda_graph",
+    "tags",
+    "CachalotError",
+    "SetupError",
+]
 
 _LIB_NAME = "libcachalot_torch.so"
 _CONF_VAR = "CACHALOT_ALLOC_CONF"
@@ -38,6 +57,11 @@ _lib = None
 
 class CachalotError(RuntimeError):
     """cachalot refused: a bad configuration, a missing library, a broken invariant."""
+
+
+class SetupError(CachalotError):
+    """This machine lacks what cachalot needs (torch, a compiler, CUDA's headers,
+    Rust to build from source): the message says what to install."""
 
 
 def library_path():
@@ -51,8 +75,8 @@ def library_path():
         if candidate.exists():
             return str(candidate)
     raise CachalotError(
-        f"{_LIB_NAME} is not installed next to {here}: install the package with "
-        "`pip install ./python` from a cachalot checkout, or set CACHALOT_TORCH_LIB"
+        f"{_LIB_NAME} is not installed next to {here}: reinstall the cachalot-torch wheel "
+        "(scripts/build-wheels.sh builds it from a checkout), or set CACHALOT_TORCH_LIB"
     )
 
 
@@ -88,27 +112,54 @@ def use(conf=None, *, verbose=False):
     """Makes cachalot PyTorch's CUDA allocator. Call it before anything
     initializes CUDA (the first CUDA tensor, ``torch.cuda.init()``).
 
-    ``conf`` sets ``CACHALOT_ALLOC_CONF`` for this process. Raises
-    :class:`CachalotError` for a configuration cachalot refuses, and
-    ``RuntimeError`` when PyTorch's own allocator is already in use."""
+    ``conf`` sets ``CACHALOT_ALLOC_CONF`` for this process; ``verbose`` shows
+    the compiler's call and output when the allocator is compiled. Raises
+    :class:`SetupError` when torch is missing or the allocator cannot be had
+    here (the message says what to install), :class:`CachalotError` for a
+    configuration cachalot refuses or once PyTorch's own allocator is in use."""
     if conf is not None:
         current = os.environ.get(_CONF_VAR)
         if _lib is not None and current is not None and current != conf:
             raise CachalotError(f"cachalot already runs with {_CONF_VAR}={current!r}; cannot switch to {conf!r}")
         os.environ[_CONF_VAR] = conf
+    if installed():
+        return
+    torch = _import_torch()
+    if torch.cuda.is_initialized():
+        raise CachalotError(
+            "cachalot_torch.use() must run before PyTorch initializes CUDA, and this process "
+            "initialized it already (a CUDA tensor, torch.cuda.init(), current_device() or "
+            "memory_stats()): call use() first, right after `import torch`"
+        )
     lib = _load()
     _check(lib.cachalot_init(), f"{_CONF_VAR}={os.environ.get(_CONF_VAR, '')!r}")
     from . import _extension
 
-    _extension.load(library_path(), verbose=verbose).install()
+    try:
+        _extension.install(library_path(), verbose=verbose)
+    except SetupError as e:
+        raise e.with_traceback(None) from None  # the message is the news, not the frames inside
+
+
+def _import_torch():
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        raise SetupError(
+            f"cachalot_torch.use() needs PyTorch, which this Python ({sys.executable}) lacks: "
+            "`pip install torch` (a CUDA build; this wheel's prebuilt allocators: "
+            "`python -m cachalot_torch`)"
+        ) from None
+    return torch
 
 
 def installed():
     """Whether cachalot serves this process's CUDA allocations."""
     from . import _extension
 
-    ext = _extension.loaded()
-    return ext is not None and ext.installed()
+    return _extension.installed()
 
 
 def config():
@@ -128,3 +179,7 @@ def validate(device=None):
 
         device = torch.cuda.current_device()
     _check(_load().cachalot_validate(int(device)), f"validate(device {device})")
+
+
+# Sleep and wake of tagged memory (cachalot_torch.region, pause, resume).
+from .sleep import cuda_graph, pause, region, resume, tags  # noqa: E402

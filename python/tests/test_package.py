@@ -63,3 +63,16 @@ def test_a_missing_library_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("CACHALOT_TORCH_LIB", raising=False)
     with pytest.raises(cachalot_torch.CachalotError, match="not installed"):
         cachalot_torch.library_path()
+
+
+def test_tags_without_a_gpu_are_checked_and_named():
+    from cachalot_torch import sleep
+
+    assert sleep.tags() == []
+    with pytest.raises(cachalot_torch.CachalotError, match="no_such_tag"):
+        sleep.pause("no_such_tag")
+    with pytest.raises(cachalot_torch.CachalotError, match="non-empty"):
+        sleep.resume("")
+    with pytest.raises(cachalot_torch.CachalotError, match="backup must be None or 'host'"):
+        sleep._backup_code("disk")
+    assert cachalot_torch.pause is sleep.pause and cachalot_torch.region is sleep.region

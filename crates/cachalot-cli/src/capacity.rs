@@ -6,7 +6,7 @@
 use std::num::{IntErrorKind, ParseIntError};
 
 use cachalot::backend::sim::{SIM_GRANULARITY, SIM_MAX_CAPACITY};
-use cachalot::error::format_size;
+use cachalot::error::format_bytes;
 use thiserror::Error;
 
 /// Units a size may carry, with their value in bytes (matched without
@@ -56,7 +56,7 @@ fn describe(bytes: u64) -> String {
             name.len() > 1 && unit.is_power_of_two() && bytes.is_multiple_of(*unit)
         })
         .map_or_else(
-            || format_size(bytes),
+            || format_bytes(bytes),
             |(name, unit)| format!("{} {name}", bytes / unit),
         )
 }

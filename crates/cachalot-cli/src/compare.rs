@@ -7,7 +7,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cachalot::error::format_size;
+use cachalot::error::format_bytes;
 use cachalot::replay::{Device, ReplayReport};
 use cachalot::AllocatorConfig;
 use serde::Serialize;
@@ -68,10 +68,12 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     let mut ok = true;
     for path in &args.traces {
         let name = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
+            || crate::output::shown(path),
+            |n| crate::output::printable(&n.to_string_lossy()),
         );
         let loaded = load(path, args.snapshot_device).and_then(|loaded| {
+            // Compare runs fixed configurations: only the device can be unknown.
+            loaded.note_defaults(args.capacity.is_some(), true);
             let capacity = args
                 .capacity
                 .map_or_else(|| loaded.recorded_capacity(), Ok)?;
@@ -140,8 +142,8 @@ fn print_table(out: &mut Output, rows: &[Row], passes: bool) -> Result<(), Outpu
         match &row.result {
             Outcome::Replayed(r) => {
                 line.extend([
-                    format_size(r.peak_requested_bytes),
-                    format_size(r.peak_reserved_bytes),
+                    format_bytes(r.peak_requested_bytes),
+                    format_bytes(r.peak_reserved_bytes),
                     format!("{:.4}", r.fragmentation()),
                     r.segment_allocs.to_string(),
                     r.driver_calls.to_string(),

@@ -5,7 +5,7 @@
 //! through a policy with an observer of every event ([`replay`]), so the
 //! reports show what that policy and configuration would do.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cachalot::allocator::DeviceAllocator;
@@ -106,8 +106,12 @@ impl Run {
             self.report.conf.as_str()
         };
         format!(
-            "replayed {} events through the {} policy ({conf}) on a simulated {}-byte device",
-            self.report.events, self.report.policy, self.report.capacity
+            "replayed {} events through the {} policy ({conf}) on a simulated device of {} \
+             ({} bytes)",
+            self.report.events,
+            self.report.policy,
+            cachalot::error::format_bytes(self.report.capacity),
+            self.report.capacity
         )
     }
 }
@@ -119,6 +123,10 @@ pub(crate) struct Loaded {
     pub(crate) plan: Plan,
     /// The recorded device and configuration.
     pub(crate) device: RecordedDevice,
+    /// Whether defaults stand in for the recorded (device, configuration).
+    unknowns: (bool, bool),
+    /// The file it was read from.
+    path: PathBuf,
 }
 
 impl Loaded {
@@ -148,6 +156,32 @@ impl Loaded {
         Ok(config)
     }
 
+    /// Says on stderr which defaults stand in for what the recording does not
+    /// tell, unless the command line gives it (`capacity`, `conf`).
+    pub(crate) fn note_defaults(&self, capacity: bool, conf: bool) {
+        let device = self.unknowns.0 && !capacity;
+        let config = self.unknowns.1 && !conf;
+        let what = match (device, config) {
+            (false, false) => return,
+            (true, false) => {
+                "the recorded device is not known: an H100 80GB stands in (give \
+                              --capacity)"
+            }
+            (false, true) => {
+                "the recorded configuration is not known: the default stands in \
+                              (give --conf)"
+            }
+            (true, true) => {
+                "the recorded device and configuration are not known: an H100 80GB \
+                             and the default configuration stand in (give --capacity and --conf)"
+            }
+        };
+        eprintln!(
+            "note: {}: no stats file (NAME.stats.json.gz) beside it; {what}",
+            crate::output::shown(&self.path)
+        );
+    }
+
     /// The recorded device's capacity, when a replay can simulate it.
     pub(crate) fn recorded_capacity(&self) -> Result<u64, InputError> {
         capacity::check(self.device.capacity).map_err(InputError::RecordedCapacity)
@@ -163,13 +197,15 @@ pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputEr
         device,
         ..ReadLimits::default()
     };
+    let mut unknowns = (true, false);
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
-    let bar = crate::progress::reading(size, &path.display().to_string());
+    let bar = crate::progress::reading(size, &crate::output::shown(path));
     let opened = Workload::open_with(path, &limits, &|read| bar.set_position(read));
     bar.finish_and_clear();
     let (recording, device) = match opened {
         Ok(workload) => {
             let device = workload.recorded_device()?;
+            unknowns = workload.unknowns();
             (workload.recording, device)
         }
         Err(TraceError::Json) => read_json(path)?,
@@ -184,9 +220,18 @@ pub(crate) fn load(path: &Path, device: Option<usize>) -> Result<Loaded, InputEr
         },
     )?;
     if let Some(note) = plan.inferred.describe() {
-        eprintln!("note: {}: {note}", path.display());
+        eprintln!(
+            "note: {}: {}",
+            crate::output::shown(path),
+            crate::output::printable(&note)
+        );
     }
-    Ok(Loaded { plan, device })
+    Ok(Loaded {
+        plan,
+        device,
+        unknowns,
+        path: path.to_path_buf(),
+    })
 }
 
 /// The events of a cachalot JSON snapshot, recorded on an H100 (the file does
@@ -213,6 +258,7 @@ pub(crate) fn replay(
     observer: Option<Arc<dyn Observer>>,
 ) -> Result<Run, InputError> {
     let loaded = load(path, args.snapshot_device)?;
+    loaded.note_defaults(args.capacity.is_some(), args.conf.is_some());
     let config = loaded.config(args.conf.as_deref(), None)?;
     let capacity = args
         .capacity

@@ -26,7 +26,7 @@ use crate::output::{Output, OutputError};
 
 /// cachalot: a caching GPU memory manager, its parity checks and its memory reports.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "cachalot", version, about)]
 enum Cli {
     /// Replay PyTorch golden scenarios through the `pytorch` policy on a simulated
     /// H100 and compare every statistic after every step.
@@ -71,6 +71,9 @@ pub(crate) enum CliError {
         /// Why.
         source: SnapshotIoError,
     },
+    /// Options that do not go together.
+    #[error("{0}")]
+    Usage(&'static str),
     /// A file it was asked for (a page, a recording) could not be written.
     #[error("{path}: {source}")]
     WriteFile {
@@ -115,5 +118,5 @@ fn main() -> ExitCode {
 
 /// Prints an error on stderr, with the prefix every subcommand uses.
 pub(crate) fn report_error(e: &dyn Display) {
-    eprintln!("error: {e}");
+    eprintln!("error: {}", output::printable(&e.to_string()));
 }

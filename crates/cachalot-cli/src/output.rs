@@ -10,6 +10,31 @@ use std::io::{self, Write};
 use serde::Serialize;
 use thiserror::Error;
 
+/// `text` with every control character but the newline written as an
+/// escape (`\u{1b}`), so a file name or a field of a hostile input cannot
+/// drive the terminal it is shown on.
+pub(crate) fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A path as shown to the user: [`printable`].
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    printable(&path.display().to_string())
+}
+
+/// Whether `path` names standard output (`-`).
+pub(crate) fn is_stdout(path: &std::path::Path) -> bool {
+    path == std::path::Path::new("-")
+}
+
 /// The results could not be written.
 #[derive(Debug, Error)]
 pub(crate) enum OutputError {

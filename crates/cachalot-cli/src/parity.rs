@@ -29,8 +29,8 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     let (mut passed, mut failed) = (0usize, 0usize);
     for path in &args.goldens {
         let file = path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
+            || crate::output::shown(path),
+            |n| crate::output::printable(&n.to_string_lossy()),
         );
         let entries = match golden::load(path) {
             Ok(e) => e,

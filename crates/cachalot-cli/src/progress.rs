@@ -15,7 +15,7 @@ pub(crate) fn bar(len: u64, label: &str) -> ProgressBar {
     if len < LONG_INPUT {
         return ProgressBar::hidden();
     }
-    counting(len, label, "ops")
+    counting(len, label, "allocator calls")
 }
 
 /// A counter of the bytes of `name` read so far, with the time taken, for a

@@ -10,7 +10,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use cachalot::error::format_size;
+use cachalot::error::format_bytes;
 use cachalot::replay::{self, Device, PassReport, ReplayReport};
 use cachalot::{AllocatorConfig, PolicyKind};
 
@@ -97,6 +97,8 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 
 fn report(args: &Args) -> Result<ReplayReport, InputError> {
     let mut loaded = load(&args.trace, args.snapshot_device)?;
+    let gpu = matches!(args.device, Target::Cuda(_));
+    loaded.note_defaults(args.capacity.is_some() || gpu, args.conf.is_some());
     let config = loaded.config(args.conf.as_deref(), args.policy)?;
     let device = match args.device {
         Target::Sim => Device::Simulated {
@@ -116,9 +118,9 @@ fn print_table(out: &mut Output, trace: &Path, r: &ReplayReport) -> Result<(), O
     } else {
         r.conf.as_str()
     };
-    let bytes = |n: u64| format!("{} ({n} bytes)", format_size(n));
+    let bytes = |n: u64| format!("{} ({n} bytes)", format_bytes(n));
     let mut rows: Vec<(&str, String)> = vec![
-        ("trace", trace.display().to_string()),
+        ("trace", crate::output::shown(trace)),
         ("policy", r.policy.clone()),
         ("conf", conf.to_string()),
         ("device", r.device.clone()),
@@ -174,7 +176,7 @@ fn pass_rows(passes: &[PassReport], settled: Option<usize>) -> Vec<(&'static str
     vec![
         ("passes", passes.len().to_string()),
         ("driver calls by pass", in_runs(&calls, |n| n.to_string())),
-        ("reserved by pass", in_runs(&reserved, format_size)),
+        ("reserved by pass", in_runs(&reserved, format_bytes)),
         ("settled", settled),
     ]
 }

@@ -12,7 +12,7 @@ use cachalot::snapshot_io::{self, pickle, SnapshotDump, TraceRecord};
 use cachalot::trace::csv::HEADER;
 use cachalot::trace::synth::{synthesize, SynthSpec};
 
-use crate::output::Output;
+use crate::output::{is_stdout, Output};
 use crate::{capacity, CliError};
 
 /// Arguments of `cachalot synth`.
@@ -75,7 +75,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
         ..SynthSpec::default()
     };
     let events = synthesize(&spec);
-    let written = if args.output == Path::new("-") {
+    let written = if is_stdout(&args.output) {
         write_csv(events, out.writer()).map_err(|e| CliError::Output(e.into()))?
     } else {
         write_file(events, &args.output).map_err(|source| CliError::WriteFile {
@@ -83,10 +83,10 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
             source,
         })?
     };
-    if args.output != Path::new("-") {
+    if !is_stdout(&args.output) {
         out.line(format_args!(
             "wrote {}: {written} events (seed {})",
-            args.output.display(),
+            crate::output::shown(&args.output),
             spec.seed
         ))?;
     }

@@ -10,7 +10,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cachalot::error::format_size;
+use cachalot::error::format_bytes;
 use cachalot::tune::{self, Candidate, Fit, Objective, Ranking, Space, Workload};
 use cachalot::PolicyKind;
 use serde::Serialize;
@@ -63,7 +63,8 @@ struct Report<'a> {
     #[serde(flatten)]
     ranking: &'a Ranking,
     fits: &'a [Fit],
-    /// The line to paste, when a candidate fits the device.
+    /// The line to paste: the best-ranked candidate that fits the device and
+    /// needs no larger a device than the default (see [`tune::recommend`]).
     recommended: Option<Recommendation>,
     /// The best setting of PyTorch's own allocator, when one fits.
     best_pytorch: Option<Recommendation>,
@@ -100,12 +101,11 @@ impl Recommendation {
 pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
     let (ranking, fits) = search(args).map_err(CliError::input(&args.recording))?;
     let report = Report {
-        recording: args.recording.display().to_string(),
+        recording: crate::output::shown(&args.recording),
         ranking: &ranking,
         fits: &fits,
-        recommended: ranking.best(None).map(Recommendation::of),
-        best_pytorch: ranking
-            .best(Some(PolicyKind::Pytorch))
+        recommended: tune::recommend(&ranking, &fits, None).map(Recommendation::of),
+        best_pytorch: tune::recommend(&ranking, &fits, Some(PolicyKind::Pytorch))
             .map(Recommendation::of),
     };
     if args.json {
@@ -122,6 +122,7 @@ pub(crate) fn run(args: &Args, out: &mut Output) -> Result<ExitCode, CliError> {
 
 fn search(args: &Args) -> Result<(Ranking, Vec<Fit>), InputError> {
     let loaded = load(&args.recording, args.snapshot_device)?;
+    loaded.note_defaults(args.capacity.is_some(), true);
     let capacity = args
         .capacity
         .map_or_else(|| loaded.recorded_capacity(), Ok)?;
@@ -171,8 +172,8 @@ fn print_report(out: &mut Output, report: &Report, top: usize) -> Result<(), Out
         "{}: {} configurations replayed on a {} device{passes} (live peak {}), ranked by {by}",
         report.recording,
         r.candidates.len(),
-        format_size(r.capacity),
-        format_size(r.live_peak_bytes),
+        format_bytes(r.capacity),
+        format_bytes(r.live_peak_bytes),
     ))?;
     print_ranking(out, r, top)?;
     out.line("")?;
@@ -180,7 +181,7 @@ fn print_report(out: &mut Output, report: &Report, top: usize) -> Result<(), Out
     for fit in report.fits {
         let size = fit
             .smallest_capacity_bytes
-            .map_or_else(|| "none up to 256 TiB".to_string(), format_size);
+            .map_or_else(|| "none up to 256 TiB".to_string(), format_bytes);
         out.line(format_args!("  {size:>12}  {}", conf_label(&fit.conf)))?;
     }
     out.line("")?;
@@ -191,7 +192,7 @@ fn print_report(out: &mut Output, report: &Report, top: usize) -> Result<(), Out
 /// `top`, and the default's row wherever it ranks (the default, the shortest
 /// configuration, always leads its outcome).
 fn print_ranking(out: &mut Output, r: &Ranking, top: usize) -> Result<(), OutputError> {
-    let oom_header = format!("ooms on {}", format_size(r.capacity));
+    let oom_header = format!("ooms on {}", format_bytes(r.capacity));
     out.line(format_args!(
         "{:>5}  {:>13}  {:>12}  {:>12}  {oom_header}  configuration",
         "rank", "peak reserved", "waste", "driver calls"
@@ -209,8 +210,8 @@ fn print_ranking(out: &mut Output, r: &Ranking, top: usize) -> Result<(), Output
         out.line(format_args!(
             "{:>5}  {:>13}  {:>12}  {:>12}  {:>width$}  {}{alike}",
             i + 1,
-            format_size(c.peak_reserved_bytes),
-            format_size(c.waste_bytes),
+            format_bytes(c.peak_reserved_bytes),
+            format_bytes(c.waste_bytes),
             c.driver_calls,
             c.ooms,
             conf_label(&c.conf)
@@ -224,7 +225,7 @@ fn print_recommendation(out: &mut Output, report: &Report) -> Result<(), OutputE
         return out.line(format_args!(
             "nothing fits: every configuration ran out of memory on the {} device; \
              the smallest devices above are what the leaders need",
-            format_size(report.ranking.capacity)
+            format_bytes(report.ranking.capacity)
         ));
     };
     let default = report.ranking.default_candidate();
@@ -232,7 +233,7 @@ fn print_recommendation(out: &mut Output, report: &Report) -> Result<(), OutputE
         Some(d) if d.fits() && d.peak_reserved_bytes > peak => {
             format!(
                 "{} less than the default",
-                format_size(d.peak_reserved_bytes - peak)
+                format_bytes(d.peak_reserved_bytes - peak)
             )
         }
         Some(d) if d.fits() => "no less than the default".to_string(),
@@ -245,7 +246,7 @@ fn print_recommendation(out: &mut Output, report: &Report) -> Result<(), OutputE
     {
         out.line(format_args!(
             "# best on PyTorch's own allocator ({} peak reserved, {}): {}",
-            format_size(pytorch.peak_reserved_bytes),
+            format_bytes(pytorch.peak_reserved_bytes),
             saved(pytorch.peak_reserved_bytes),
             pytorch.line()
         ))?;
@@ -259,7 +260,7 @@ fn print_recommendation(out: &mut Output, report: &Report) -> Result<(), OutputE
     };
     out.line(format_args!(
         "# recommended ({how}; {} peak reserved, {}):",
-        format_size(best.peak_reserved_bytes),
+        format_bytes(best.peak_reserved_bytes),
         saved(best.peak_reserved_bytes)
     ))?;
     out.line(best.line())

@@ -37,10 +37,11 @@ fn summary_peak(table: &str, metric: &str) -> String {
 
 /// The number after `label` in `text`.
 fn number_after(text: &str, label: &str) -> u64 {
-    let start = text
+    let at = text
         .find(label)
-        .unwrap_or_else(|| panic!("{label} in {text}"))
-        + label.len();
+        .unwrap_or_else(|| panic!("{label} in {text}"));
+    // The exact count, in parentheses after the size in units.
+    let start = at + text[at..].find('(').expect("a count in parentheses") + 1;
     let digits: String = text[start..]
         .chars()
         .take_while(char::is_ascii_digit)

@@ -266,8 +266,8 @@ fn a_five_million_event_trace_shows_the_exact_peaks_and_renders_quickly() {
     assert!(view.status.success(), "view runs");
     let line = String::from_utf8_lossy(&view.stdout);
     assert!(
-        line.contains(&format!("peak active {requested} bytes"))
-            && line.contains(&format!("peak reserved {reserved} bytes")),
+        line.contains(&format!("({requested} bytes) at event"))
+            && line.contains(&format!("({reserved} bytes)")),
         "view prints replay's peaks: {line}"
     );
     let size = std::fs::metadata(&page).expect("the page").len();

@@ -263,6 +263,27 @@ impl DeviceContext {
         self.rebind_backend();
         self.allocator.mem_get_info().map_err(TensorError::from)
     }
+
+    /// Reserves `fraction` of the device up front and caps the allocator there
+    /// ([`crate::MemoryMode::Preallocate`]): one segment of that size is allocated and
+    /// freed into the cache, where later allocations split it.
+    pub(crate) fn preallocate(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(
+                format!("preallocation fraction {fraction} is outside [0, 1]"),
+            )));
+        }
+        let total = self.mem_get_info()?.total;
+        const GRAIN: u64 = 2 << 20;
+        let bytes = ((total as f64 * fraction) as u64 / GRAIN) * GRAIN;
+        self.allocator.set_memory_fraction(fraction)?;
+        if bytes > 0 {
+            self.rebind_backend();
+            let ptr = self.allocator.malloc(bytes, cachalot::StreamId::DEFAULT)?;
+            self.allocator.free(ptr)?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for DeviceContext {

@@ -3,38 +3,16 @@
 //! `with torch.cuda.device(1):`).
 
 use std::cell::Cell;
-use std::fmt;
 
 use crate::error::{Result, TensorError};
 use crate::registry;
 
-/// Where a tensor's memory lives.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Device {
-    /// Host memory.
-    Cpu,
-    /// A CUDA device (real, or simulated when no GPU is present), by ordinal.
-    Cuda(usize),
-}
+pub use crate::place::Device;
 
 impl Device {
     /// The current CUDA device of this thread (`torch.device("cuda")`).
     pub fn cuda() -> Device {
         Device::Cuda(current_device())
-    }
-
-    /// Whether this is a CUDA device.
-    pub fn is_cuda(self) -> bool {
-        matches!(self, Device::Cuda(_))
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
     }
 }
 

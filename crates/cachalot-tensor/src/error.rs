@@ -10,8 +10,8 @@
 
 use thiserror::Error;
 
-use crate::device::Device;
 use crate::dtype::DType;
+use crate::place::Device;
 
 /// The crate's result type.
 pub type Result<T, E = TensorError> = std::result::Result<T, E>;

@@ -38,6 +38,7 @@ pub mod leak;
 pub mod memory;
 mod ops;
 mod pinned;
+mod place;
 pub mod registry;
 mod storage;
 pub mod stream;

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 
 use cachalot::backend::MemInfo;
 
-use crate::context::DeviceContext;
-use crate::error::{Result, TensorError};
+use crate::error::Result;
 use crate::pinned::PinnedStats;
 use crate::registry;
 
@@ -115,25 +114,4 @@ pub fn simulated_host_bytes(ordinal: usize) -> usize {
 /// [`TensorError::InvalidDevice`].
 pub fn is_simulated(ordinal: usize) -> Result<bool> {
     Ok(registry::device(ordinal)?.engine.is_sim())
-}
-
-/// Reserves `fraction` of the device up front and caps the allocator there
-/// ([`crate::MemoryMode::Preallocate`]): one segment of that size is allocated and
-/// freed into the cache, where later allocations split it.
-pub(crate) fn preallocate(ctx: &DeviceContext, fraction: f64) -> Result<()> {
-    if !(0.0..=1.0).contains(&fraction) {
-        return Err(TensorError::Allocator(cachalot::Error::InvalidArgument(
-            format!("preallocation fraction {fraction} is outside [0, 1]"),
-        )));
-    }
-    let total = ctx.mem_get_info()?.total;
-    const GRAIN: u64 = 2 << 20;
-    let bytes = ((total as f64 * fraction) as u64 / GRAIN) * GRAIN;
-    ctx.allocator.set_memory_fraction(fraction)?;
-    if bytes > 0 {
-        ctx.rebind_backend();
-        let ptr = ctx.allocator.malloc(bytes, cachalot::StreamId::DEFAULT)?;
-        ctx.allocator.free(ptr)?;
-    }
-    Ok(())
 }

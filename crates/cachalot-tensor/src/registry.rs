@@ -214,7 +214,7 @@ impl Registry {
             DeviceContext::cuda(ordinal, config)?
         };
         if let MemoryMode::Preallocate(fraction) = self.options.mode {
-            crate::memory::preallocate(&ctx, fraction)?;
+            ctx.preallocate(fraction)?;
         }
         Ok(ctx)
     }

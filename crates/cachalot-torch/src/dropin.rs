@@ -4,9 +4,7 @@
 //!
 //! Unlike the callbacks of [`crate::ffi`], each function here returns a status
 //! and hands its failure's message to the caller (`*message`, freed with
-//! `cachalot_string_free`), so the C++ side can raise the right PyTorch
-//! exception on the calling thread: [`OOM`] becomes `torch.cuda.OutOfMemoryError`,
-//! [`ERROR`] a `RuntimeError`.
+//! `cachalot_string_free`): see [`crate::reply`].
 
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::ptr;
@@ -16,17 +14,11 @@ use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
 use cachalot::{Error, MemoryStats};
 
-use crate::error::{c_string, PluginError, PluginResult};
-use crate::ffi::registry;
-use crate::guard::guard;
-
-/// The call succeeded.
-pub const OK: c_int = 0;
-/// The device ran out of memory; `*message` holds PyTorch's message with
-/// cachalot's breakdown.
-pub const OOM: c_int = 1;
-/// Any other failure; `*message` says what.
-pub const ERROR: c_int = 2;
+use crate::error::PluginError;
+use crate::global::registry;
+use crate::reply::{put, reply};
+pub use crate::reply::{ERROR, OK, OOM};
+use crate::rows::{pytorch_action, BlockRow, SegmentRow, TraceRow};
 
 /// How many numbers [`cachalot_device_stats`] writes: nine arrays of three
 /// statistics (all, small pool, large pool) of four numbers (current, peak,
@@ -46,46 +38,6 @@ pub struct OomInfo {
     pub device_total: u64,
     /// The device's free memory.
     pub device_free: u64,
-}
-
-/// Runs `body` at the C boundary: the status, with `*message` set on failure.
-pub(crate) fn reply(message: *mut *mut c_char, body: impl FnOnce() -> PluginResult<()>) -> c_int {
-    let mut failure = None;
-    let status = guard(ERROR, || match body() {
-        Ok(()) => Ok(OK),
-        Err(e) => {
-            let code = if is_oom(&e) { OOM } else { ERROR };
-            failure = Some(e.to_string());
-            Ok(code)
-        }
-    });
-    let text = failure.or_else(|| (status != OK).then(|| crate::error::last().unwrap_or_default()));
-    if let Some(text) = text.filter(|_| !message.is_null()) {
-        // SAFETY: `message` is non-null and, by every caller's contract, points to
-        // a writable `char*`.
-        unsafe { *message = c_string(text).into_raw() };
-    }
-    status
-}
-
-fn is_oom(error: &PluginError) -> bool {
-    matches!(
-        error,
-        PluginError::OutOfMemory { .. }
-            | PluginError::Allocator {
-                source: Error::OutOfMemory(_) | Error::TooLarge { .. },
-                ..
-            }
-    )
-}
-
-/// Writes through `out` when the caller gave somewhere to write.
-pub(crate) fn put<T>(out: *mut T, value: T) {
-    if !out.is_null() {
-        // SAFETY: `out` is non-null and, by every caller's contract, points to a
-        // writable `T`.
-        unsafe { *out = value };
-    }
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`) and
@@ -320,7 +272,8 @@ pub unsafe extern "C" fn cachalot_segment_of(
 
 /// Starts (`enabled` non-zero) or stops history recording on every device.
 /// `max_entries` bounds each device's events (0: unbounded); `skip_mask` has
-/// bit `i` set for each action of [`Action::ALL`] not to record; `clear`
+/// bit `i` set for each action of PyTorch's `TraceEntry::Action` not to record
+/// (a tag's pause and resume go with `segment_unmap` and `segment_map`); `clear`
 /// non-zero forgets the events recorded so far (they are also forgotten when
 /// recording starts).
 ///
@@ -337,10 +290,8 @@ pub unsafe extern "C" fn cachalot_set_history(
     reply(message, || {
         let registry = registry()?;
         let skip = Action::ALL
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| skip_mask & (1 << i) != 0)
-            .map(|(_, a)| *a)
+            .into_iter()
+            .filter(|a| skip_mask & (1 << pytorch_action(*a)) != 0)
             .collect();
         let config = (enabled != 0).then_some(HistoryConfig {
             capacity: if max_entries == 0 {
@@ -354,74 +305,6 @@ pub unsafe extern "C" fn cachalot_set_history(
         registry.set_history(config, clear != 0);
         Ok(())
     })
-}
-
-/// One segment of a [`Snapshot`]; its blocks are `blocks[first_block ..
-/// first_block + block_count]`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct SegmentRow {
-    /// Device ordinal.
-    pub device: i64,
-    /// Base address.
-    pub address: u64,
-    /// Size in bytes.
-    pub total_size: u64,
-    /// Bytes asked for by the callers of its active blocks.
-    pub requested_size: u64,
-    /// Bytes in allocated blocks.
-    pub allocated_size: u64,
-    /// Bytes in active blocks.
-    pub active_size: u64,
-    /// The stream it serves (a `cudaStream_t`).
-    pub stream: u64,
-    /// 1 for the large pool.
-    pub is_large: u8,
-    /// 1 for a mapped (expandable) range.
-    pub is_expandable: u8,
-    /// Index of its first block.
-    pub first_block: usize,
-    /// How many blocks it has.
-    pub block_count: usize,
-    /// The private pool it belongs to (`segment_pool_id`; 0, 0 for the
-    /// default pools).
-    pub pool_id: [u64; 2],
-}
-
-/// One block of a [`Snapshot`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct BlockRow {
-    /// Start address.
-    pub address: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Bytes the caller asked for.
-    pub requested_size: u64,
-    /// 1 when handed to a caller.
-    pub allocated: u8,
-    /// 1 when allocated or pending free.
-    pub active: u8,
-}
-
-/// One recorded event of a [`Snapshot`].
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct TraceRow {
-    /// Device ordinal.
-    pub device: i64,
-    /// The action's index in [`Action::ALL`] (PyTorch's `TraceEntry::Action` order).
-    pub action: u32,
-    /// Address (for `oom`: the device's free bytes).
-    pub addr: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// The stream (a `cudaStream_t`).
-    pub stream: u64,
-    /// Microseconds since the Unix epoch.
-    pub time_unix_us: u64,
-    /// The tag of the call that caused it (`cachalot_set_event_tag`; 0: none).
-    pub tag: u64,
 }
 
 /// Every device's segments, blocks and recorded events, owned by the library
@@ -499,6 +382,26 @@ pub unsafe extern "C" fn cachalot_snapshot_free(snapshot: *mut Snapshot) {
     }
 }
 
+/// Tells `device`'s allocator PyTorch's hash of `stream` (a `cudaStream_t`),
+/// which orders PyTorch's tables of streams (see
+/// [`cachalot::DeviceAllocator::set_stream_hash`]).
+///
+/// # Safety
+/// `message` must be NULL or point to a writable `char*`.
+#[no_mangle]
+pub unsafe extern "C" fn cachalot_stream_hash(
+    device: c_int,
+    stream: *mut c_void,
+    hash: u64,
+    message: *mut *mut c_char,
+) -> c_int {
+    reply(message, || {
+        let (_, allocator) = registry()?.open(i64::from(device))?;
+        allocator.set_stream_hash(cachalot::StreamId(stream.addr() as u64), hash);
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,7 +456,7 @@ mod tests {
             },
         };
         let e = oom_message(too_large);
-        assert!(is_oom(&e));
+        assert!(crate::reply::is_oom(&e));
         assert_eq!(e.to_string(), TOO_LARGE);
     }
 }

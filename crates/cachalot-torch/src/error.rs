@@ -45,6 +45,15 @@ pub enum PluginError {
         /// The whole description.
         description: String,
     },
+    /// A tag name that no `region` made. Remedy: allocate in a region of that
+    /// name first, or check the spelling.
+    #[error("no tag named {name:?} (tags: {known}): allocate inside cachalot_torch.region({name:?}) first")]
+    UnknownTag {
+        /// The name asked for.
+        name: String,
+        /// The names there are, comma-separated.
+        known: String,
+    },
     /// An address that no device's allocator handed out.
     #[error("{0:#x} was not allocated by cachalot on any device")]
     UnknownPointer(u64),

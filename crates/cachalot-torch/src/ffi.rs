@@ -1,50 +1,24 @@
-//! The C entry points, and the process's one [`Registry`].
+//! The C entry points of the callback shape (PyTorch's stock pluggable
+//! allocator, and C programs).
 //!
 //! Every function here is `extern "C"`, never unwinds (each body runs inside
 //! [`guard`](crate::guard::guard)) and reports failure the C way: a null pointer, a
 //! status of -1, or nothing at all for the hooks PyTorch declares `void`; the
 //! reason is then fetched with [`cachalot_last_error`]. Strings handed out are
 //! owned by the caller, who frees them with [`cachalot_string_free`].
-//!
-//! The registry is created on the first call, with PyTorch's settings as
-//! PyTorch reads them (`PYTORCH_ALLOC_CONF`, else `PYTORCH_CUDA_ALLOC_CONF`)
-//! and `CACHALOT_ALLOC_CONF` over them (the same syntax plus
-//! `policy:pytorch|cachalot` and the cachalot policy's keys). A configuration
-//! that does not parse makes every call fail with the parser's message.
+//! They work on the process's one registry ([`crate::global`]).
 
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
+use cachalot::{DeviceAllocator, StreamId};
 
 use crate::context::ContextRestore;
 use crate::error::{self, PluginError, PluginResult};
+use crate::global::registry;
 use crate::guard::{guard, status, string};
 use crate::registry::Registry;
-use crate::{device, report};
-
-/// The environment variable that configures the plug-in.
-pub const CONF_VAR: &str = "CACHALOT_ALLOC_CONF";
-
-/// PyTorch's variables for its allocator's settings, the first one set wins.
-pub const PYTORCH_VARS: [&str; 2] = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"];
-
-static REGISTRY: OnceLock<Result<Registry, cachalot::config::ConfigError>> = OnceLock::new();
-
-/// The process's registry, created on first use from [`PYTORCH_VARS`] and
-/// [`CONF_VAR`].
-pub(crate) fn registry() -> PluginResult<&'static Registry> {
-    let made = REGISTRY.get_or_init(|| {
-        let pytorch = PYTORCH_VARS
-            .iter()
-            .find_map(|var| std::env::var(var).ok())
-            .unwrap_or_default();
-        let conf = std::env::var(CONF_VAR).unwrap_or_default();
-        AllocatorConfig::layered(&pytorch, &conf)
-            .map(|config| Registry::new(config, Box::new(device::open_cuda)))
-    });
-    made.as_ref().map_err(|e| PluginError::Config(e.clone()))
-}
+use crate::report;
 
 /// Saves the caller's CUDA context around calls that may reach a device other
 /// than the current one (frees, record_stream, empty_cache, memory fractions).
@@ -58,7 +32,7 @@ fn keep_context(registry: &Registry) -> Option<ContextRestore> {
 }
 
 /// Runs `f` on the registry with the caller's CUDA context kept (see [`keep_context`]).
-fn keeping_context<T>(f: impl FnOnce(&Registry) -> PluginResult<T>) -> PluginResult<T> {
+pub(crate) fn keeping_context<T>(f: impl FnOnce(&Registry) -> PluginResult<T>) -> PluginResult<T> {
     let registry = registry()?;
     let _context = keep_context(registry);
     f(registry)

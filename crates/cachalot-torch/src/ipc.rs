@@ -12,9 +12,9 @@ use std::sync::OnceLock;
 
 use cachalot::ipc::{self, Imports, Shared};
 
-use crate::dropin::{put, reply};
 use crate::error::{PluginError, PluginResult};
-use crate::ffi::registry;
+use crate::global::registry;
+use crate::reply::{put, reply};
 
 /// The handles of other processes open in this one.
 fn imports() -> &'static Imports {

@@ -12,20 +12,34 @@
 //!
 //! ## Layers
 //!
+//! Top first; a module imports its own layer or those below (checked by
+//! `crates/cachalot/tests/imports.rs`).
+//!
 //! ```text
 //!   dropin   extern "C" entry points of the C++ allocator: status + message
-//!   ffi      extern "C" callbacks for C, the process's one Registry (OnceLock)
-//!   guard    catch_unwind at every entry point; errors become the last error
+//!   ffi      extern "C" callbacks for C
 //!   ipc      CUDA IPC: handles of live allocations, handles of other processes
-//!   report   summaries, history recording, snapshot pickles over the registry
+//!   pools    private pools (MemPool, CUDA graphs) and their segment sources
+//!   regions  extern "C" region, pause and resume of tags by name
 //!   settings PyTorch's run-time settings (`_set_allocator_settings`)
+//!   ------
+//!   reply    the status and message of the status-returning entry points
+//!   report   summaries, history recording, snapshot pickles over the registry
+//!   global   the process's one Registry (OnceLock), from the environment
+//!   ------
+//!   device   opens a device: CUDA backend + the configured policy
+//!   sleep    tags by name: the pools of each and their pause and resume
+//!   ------
 //!   registry one DeviceAllocator per device, created on first use
+//!   guard    catch_unwind at every entry point; errors become the last error
+//!   ------
+//!   rows     the snapshot rows C reads
+//!   error    the plug-in's errors
 //!   context  the caller's CUDA context, put back after frees and hooks
 //!   streams  PyTorch's streams made known to the backend before use
 //!   tags     recorded events tagged with the C++ side's call ids
-//!   device   opens a device: CUDA backend + the configured policy
 //! ```
-//!
+
 //! ## Rules at the boundary
 //!
 //! * Nothing unwinds into C: every entry point runs its body under
@@ -42,12 +56,17 @@ pub mod device;
 pub mod dropin;
 pub mod error;
 pub mod ffi;
+pub mod global;
 pub mod guard;
 pub mod ipc;
 pub mod pools;
+pub mod regions;
 pub mod registry;
+pub mod reply;
 pub mod report;
+pub mod rows;
 pub mod settings;
+pub mod sleep;
 pub mod streams;
 pub mod tags;
 

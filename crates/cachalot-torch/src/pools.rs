@@ -19,9 +19,9 @@ use cachalot::backend::{BackendError, BackendResult, CallKind};
 use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions, SegmentSource};
 use cachalot::{DeviceAllocator, StreamId};
 
-use crate::dropin::{put, reply};
 use crate::error::{PluginError, PluginResult};
-use crate::ffi::registry;
+use crate::global::registry;
+use crate::reply::{put, reply};
 
 /// Whether a route takes requests of `stream` (a `cudaStream_t`): non-zero
 /// for yes. Must not unwind and must be callable from any thread.

@@ -5,14 +5,13 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 
 use cachalot::config::PolicyKind;
-use cachalot::event::Action;
 use cachalot::history::HistoryConfig;
 use cachalot::snapshot::{BlockInfo, BlockState};
 use cachalot::snapshot_io::{pickle, SnapshotDump};
 
-use crate::dropin::{BlockRow, SegmentRow, TraceRow};
 use crate::error::{PluginError, PluginResult};
 use crate::registry::Registry;
+use crate::rows::{pytorch_action, BlockRow, SegmentRow, TraceRow};
 
 /// PyTorch's `memory_summary(device, abbreviated)` table for `device`.
 ///
@@ -96,19 +95,14 @@ pub fn snapshot_rows(registry: &Registry) -> (Vec<SegmentRow>, Vec<BlockRow>, Ve
         else {
             continue;
         };
-        trace.extend(history.events().into_iter().map(|r| {
-            TraceRow {
-                device: device as i64,
-                action: Action::ALL
-                    .iter()
-                    .position(|&a| a == r.event.action)
-                    .unwrap_or(0) as u32,
-                addr: r.event.addr,
-                size: r.event.size,
-                stream: r.event.stream.0,
-                time_unix_us: opened.saturating_add(r.event.time_us),
-                tag: r.tag,
-            }
+        trace.extend(history.events().into_iter().map(|r| TraceRow {
+            device: device as i64,
+            action: pytorch_action(r.event.action),
+            addr: r.event.addr,
+            size: r.event.size,
+            stream: r.event.stream.0,
+            time_unix_us: opened.saturating_add(r.event.time_us),
+            tag: r.tag,
         }));
     }
     (segments, blocks, trace)

@@ -6,9 +6,9 @@ use std::ffi::{c_char, c_int};
 
 use cachalot::config::{PlacementSettings, ROUNDUP_BUCKETS};
 
-use crate::dropin::reply;
 use crate::error::PluginError;
-use crate::ffi::registry;
+use crate::global::registry;
+use crate::reply::reply;
 
 /// PyTorch's device-allocator settings after a change, as its
 /// `AcceleratorAllocatorConfig` holds them.

@@ -73,26 +73,6 @@ impl KnownStreams {
     }
 }
 
-/// Tells `device`'s allocator PyTorch's hash of `stream` (a `cudaStream_t`),
-/// which orders PyTorch's tables of streams (see
-/// [`cachalot::DeviceAllocator::set_stream_hash`]).
-///
-/// # Safety
-/// `message` must be NULL or point to a writable `char*`.
-#[no_mangle]
-pub unsafe extern "C" fn cachalot_stream_hash(
-    device: std::ffi::c_int,
-    stream: *mut std::ffi::c_void,
-    hash: u64,
-    message: *mut *mut std::ffi::c_char,
-) -> std::ffi::c_int {
-    crate::dropin::reply(message, || {
-        let (_, allocator) = crate::ffi::registry()?.open(i64::from(device))?;
-        allocator.set_stream_hash(cachalot::StreamId(stream.addr() as u64), hash);
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

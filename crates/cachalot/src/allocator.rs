@@ -9,13 +9,18 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{Backend, DevicePtr, MemInfo, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
+use crate::sleep::{Backup, SleepError, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
+
+/// Where users have always found it; it lives with the policies it chooses
+/// between.
+pub use crate::policy::create;
 
 /// A caching allocator for one device.
 pub trait DeviceAllocator: Send + Sync + fmt::Debug {
@@ -188,6 +193,63 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     /// once its allocations are freed (the frees stay done).
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
 
+    /// Makes private pool `id` a tag ([`crate::sleep`]): its segments come
+    /// from pages cachalot maps, which [`DeviceAllocator::pause_tag`] gives
+    /// back and [`DeviceAllocator::resume_tag`] brings back at the same
+    /// addresses, its allocations' bytes copied to host memory and back with
+    /// [`Backup::Host`]. Making a tag again with the same backup does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool; [`Error::Sleep`](crate::Error::Sleep) for a pool holding memory
+    /// already, one with an allocator of its own, a tag with another backup,
+    /// a device without virtual memory, or a policy that cannot pause (the
+    /// default: [`SleepError::Unsupported`]).
+    fn make_tag(&self, id: PoolId, backup: Backup) -> Result<()> {
+        let _ = (id, backup);
+        Err(no_sleep(self.policy()))
+    }
+
+    /// Pauses tag `id`: after making sure no queued work uses its memory
+    /// (`when_busy`), gives its wholly free cached segments back for good,
+    /// copies its allocations to host memory if it keeps a backup, then gives
+    /// the pages of every segment back to the device. Its allocations keep
+    /// their addresses; a request routed to it is refused until
+    /// [`DeviceAllocator::resume_tag`].
+    ///
+    /// # Errors
+    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, paused already, a
+    /// route into it open, work still queued ([`WhenBusy::Refuse`]), or the
+    /// device failing part-way ([`SleepError::Partial`]: resume it);
+    /// [`Error::Backend`](crate::Error::Backend) when the device fails before
+    /// anything was given back.
+    fn pause_tag(&self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport> {
+        let _ = (id, when_busy);
+        Err(no_sleep(self.policy()))
+    }
+
+    /// Resumes paused tag `id`: new pages at the same addresses, the backup
+    /// copied back. When the device has no room it releases the cache of the
+    /// default pools and tries again.
+    ///
+    /// # Errors
+    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, not paused, or the
+    /// device failing part-way ([`SleepError::Partial`], out of memory
+    /// included: free memory and resume again).
+    fn resume_tag(&self, id: PoolId) -> Result<SleepReport> {
+        let _ = id;
+        Err(no_sleep(self.policy()))
+    }
+
+    /// Where tag `id` stands.
+    ///
+    /// # Errors
+    /// As [`DeviceAllocator::pause_tag`] for a pool that is not a tag.
+    fn tag_state(&self, id: PoolId) -> Result<TagState> {
+        let _ = id;
+        Err(no_sleep(self.policy()))
+    }
+
     /// Tells the allocator PyTorch's hash of `stream`
     /// (`std::hash<c10::cuda::CUDAStream>`). PyTorch walks its tables of
     /// streams in an order that hash decides; the `pytorch` policy walks its
@@ -244,21 +306,7 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     }
 }
 
-/// Builds the allocator for `config.policy` on `backend`.
-///
-/// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
-/// the policy cannot run.
-pub fn create(
-    backend: Arc<dyn Backend>,
-    config: AllocatorConfig,
-) -> Result<Arc<dyn DeviceAllocator>> {
-    match config.policy {
-        PolicyKind::Pytorch => Ok(Arc::new(crate::policy::PytorchAllocator::new(
-            backend, config,
-        )?)),
-        PolicyKind::Cachalot => Ok(Arc::new(crate::policy::CachalotAllocator::new(
-            backend, config,
-        )?)),
-    }
+/// The error of a tag call on a policy that cannot pause memory.
+fn no_sleep(policy: PolicyKind) -> crate::Error {
+    SleepError::Unsupported { policy }.into()
 }

@@ -6,6 +6,8 @@
 //! * [`Error::InvalidFree`] / [`Error::InvalidArgument`] / [`Error::Config`]: a bug
 //!   in the caller. Fix the call; the allocator's state is unchanged.
 //! * [`Error::Backend`]: the device failed. Treat it as lost.
+//! * [`Error::Sleep`]: a pause, resume or tag call that cannot be done now;
+//!   each [`SleepError`] says what to do.
 //!
 //! A broken internal invariant is not an error variant: it is what
 //! `validate()` reports, as an [`InvariantViolation`].
@@ -16,6 +18,8 @@ use thiserror::Error;
 
 use crate::backend::{BackendError, DevicePtr, StreamId};
 use crate::config::{ConfigError, PolicyKind};
+use crate::sleep::SleepError;
+pub use crate::units::format_size;
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -76,6 +80,9 @@ pub enum Error {
     /// The device failed in a way the allocator cannot recover from.
     #[error("device failure: {0}")]
     Backend(#[from] BackendError),
+    /// A tag call refused ([`crate::sleep`]): the message says what to do.
+    #[error(transparent)]
+    Sleep(#[from] SleepError),
 }
 
 /// Why a free was refused.
@@ -205,20 +212,18 @@ impl fmt::Display for OomReport {
     }
 }
 
-/// Formats a byte count as PyTorch's messages do: `N bytes` up to 1 KiB, else two
-/// decimals of KiB, MiB or GiB.
-pub fn format_size(bytes: u64) -> String {
-    const KIB: u64 = 1024;
-    const MIB: u64 = KIB * 1024;
-    const GIB: u64 = MIB * 1024;
-    if bytes <= KIB {
-        format!("{bytes} bytes")
-    } else if bytes <= MIB {
-        format!("{:.2} KiB", bytes as f64 / KIB as f64)
-    } else if bytes <= GIB {
-        format!("{:.2} MiB", bytes as f64 / MIB as f64)
+/// Formats a byte count for reports: as [`format_size`] up to 1 TiB, then
+/// two decimals of TiB or PiB (PyTorch's messages stop at GiB, and 256 TiB
+/// would read "262144.00 GiB").
+pub fn format_bytes(bytes: u64) -> String {
+    const TIB: u64 = 1 << 40;
+    const PIB: u64 = 1 << 50;
+    if bytes <= TIB {
+        format_size(bytes)
+    } else if bytes <= PIB {
+        format!("{:.2} TiB", bytes as f64 / TIB as f64)
     } else {
-        format!("{:.2} GiB", bytes as f64 / GIB as f64)
+        format!("{:.2} PiB", bytes as f64 / PIB as f64)
     }
 }
 
@@ -249,5 +254,12 @@ mod tests {
         assert_eq!(format_size(64 << 20), "64.00 MiB");
         assert_eq!(format_size(85017493504), "79.18 GiB");
         assert_eq!(format_size(850174935), "810.79 MiB");
+    }
+
+    #[test]
+    fn reports_go_past_gib() {
+        assert_eq!(format_bytes(80 << 30), "80.00 GiB");
+        assert_eq!(format_bytes(1 << 48), "256.00 TiB");
+        assert_eq!(format_bytes(3 << 50), "3.00 PiB");
     }
 }

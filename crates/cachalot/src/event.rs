@@ -37,11 +37,18 @@ pub enum Action {
     /// An allocation failed for lack of memory (`size` = requested bytes,
     /// `addr` = device free bytes).
     Oom,
+    /// The pages of a tag's segment went back to the device; the segment
+    /// keeps its addresses ([`crate::sleep`]). cachalot's own: PyTorch's
+    /// traces have no such action (the plug-in shows it as `segment_unmap`).
+    SegmentPause,
+    /// The pages of a paused segment came back at its addresses (shown as
+    /// `segment_map` by the plug-in).
+    SegmentResume,
 }
 
 impl Action {
     /// Every action.
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 11] = [
         Action::Alloc,
         Action::FreeRequested,
         Action::FreeCompleted,
@@ -51,6 +58,8 @@ impl Action {
         Action::SegmentUnmap,
         Action::Snapshot,
         Action::Oom,
+        Action::SegmentPause,
+        Action::SegmentResume,
     ];
 
     /// PyTorch's name for the action.
@@ -65,6 +74,8 @@ impl Action {
             Action::SegmentUnmap => "segment_unmap",
             Action::Snapshot => "snapshot",
             Action::Oom => "oom",
+            Action::SegmentPause => "segment_pause",
+            Action::SegmentResume => "segment_resume",
         }
     }
 }

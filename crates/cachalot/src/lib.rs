@@ -35,6 +35,10 @@
 //!   its mapped pages), and the bytes another process opens it with
 //!   ([`ipc`]): PyTorch's own CUDA IPC handle for a segment, file descriptors
 //!   handed over a Unix socket for pages.
+//! * **tag**: a private pool whose memory can sleep ([`sleep`]): its segments'
+//!   pages go back to the device at a *pause* and come back at the same
+//!   addresses at a *resume*, with their bytes copied to host memory and back
+//!   when the tag keeps a *backup*; a tag is *paused* in between.
 //! * **slot**: a replay plan's number for one recorded allocation:
 //!   `Op::Alloc { slot, .. }` allocates for it, `Op::Free { slot }` frees it, so
 //!   a plan names allocations without their recorded addresses.
@@ -86,13 +90,22 @@
 //!
 //! ## Layers (dependencies point downward only)
 //!
+//! Checked by `tests/imports.rs` (no import circle, no import of a layer
+//! above): a module imports its own layer or those below it.
+//!
 //! ```text
-//!   allocator (DeviceAllocator: malloc, free, record_stream, empty_cache, stats)
-//!        policy: pytorch | cachalot        stats, events, snapshot, validate
-//!   backend (Backend trait: segments, pages, streams, events, memory info)
-//!        sim                              cuda (cudarc)
+//!   trace  replay  tune  view          recordings in, replays, tuning, the page
+//!   ipc  report  golden  snapshot_io   services over any allocator
+//!   policy: pytorch | cachalot         the two policies, and create()
+//!   allocator                          DeviceAllocator: malloc, free, stats, ...
+//!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
+//!   backing  stats  config  units      the allocator's parts
+//!   backend (Backend trait: segments, pages, streams, events; sim, cuda, adaptors)
 //! ```
 //!
+//! `allocator::create` is where users reach the factory; it lives in
+//! `policy`, above the trait it returns.
+
 //! ## Invariants (checked by every allocator's `validate()`)
 //!
 //! * The blocks of a segment tile it exactly: no gaps, no overlaps.
@@ -109,6 +122,7 @@
 mod addr_map;
 pub mod allocator;
 pub mod backend;
+pub mod backing;
 pub mod config;
 pub mod error;
 pub mod event;
@@ -116,9 +130,11 @@ pub mod golden;
 pub mod history;
 pub mod ipc;
 pub mod policy;
+pub mod pool_id;
 pub mod private_pool;
 pub mod replay;
 pub mod report;
+pub mod sleep;
 pub mod snapshot;
 pub mod snapshot_io;
 pub mod stats;
@@ -127,6 +143,7 @@ pub mod summary;
 mod test_rng;
 pub mod trace;
 pub mod tune;
+pub mod units;
 pub mod view;
 
 pub use allocator::DeviceAllocator;

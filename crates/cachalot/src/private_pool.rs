@@ -22,34 +22,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::backend::{BackendResult, DevicePtr, StreamId};
 use crate::error::{Error, Result};
+use crate::sleep::Tag;
 
-/// A private pool's name: PyTorch's `MempoolId_t`, a pair of integers. CUDA
-/// graphs made without a pool use `(id, 0)`; `graph_pool_handle()` and
-/// `MemPool` use `(0, id)`. `(0, 0)` names the default pools.
-#[derive(
-    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-pub struct PoolId(pub u64, pub u64);
-
-impl PoolId {
-    /// The default pools, which serve every request no route claims.
-    pub const DEFAULT: PoolId = PoolId(0, 0);
-
-    /// Whether this names the default pools.
-    pub fn is_default(self) -> bool {
-        self == PoolId::DEFAULT
-    }
-}
-
-impl fmt::Display for PoolId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "({}, {})", self.0, self.1)
-    }
-}
+pub use crate::pool_id::PoolId;
 
 /// How a private pool serves requests (`torch.cuda.MemPool`'s flags).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -115,6 +92,8 @@ pub(crate) struct PoolBook {
     routes: Vec<(PoolId, RouteFilter)>,
     /// The segment sources of pools that have one, by slot.
     sources: HashMap<u32, Arc<dyn SegmentSource>>,
+    /// The pools that are tags ([`crate::sleep`]), by slot.
+    tags: HashMap<u32, Tag>,
     free_slots: Vec<u32>,
     next_slot: u32,
 }
@@ -187,6 +166,7 @@ impl PoolBook {
     pub(crate) fn forget(&mut self, id: PoolId) {
         if let Some(r) = self.records.remove(&id) {
             self.sources.remove(&r.slot);
+            self.tags.remove(&r.slot);
             self.free_slots.push(r.slot);
         }
     }
@@ -234,8 +214,54 @@ impl PoolBook {
     /// Makes `source` give pool `id`'s new segments.
     pub(crate) fn set_source(&mut self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
         let slot = self.require(id)?.slot;
+        if self.tags.contains_key(&slot) {
+            return Err(Error::InvalidArgument(format!(
+                "private pool {id} is a tag: its segments are cachalot's pages, not another allocator's"
+            )));
+        }
         self.sources.insert(slot, source);
         Ok(())
+    }
+
+    /// Whether pool `id`'s segments come from an allocator of its own
+    /// (a source that is not a tag's), which a tag cannot replace.
+    pub(crate) fn has_own_source(&self, id: PoolId) -> Result<bool> {
+        let slot = self.require(id)?.slot;
+        Ok(self.sources.contains_key(&slot) && !self.tags.contains_key(&slot))
+    }
+
+    /// Makes pool `id` a tag: `tag`'s source gives its new segments. The
+    /// caller has checked [`Self::has_own_source`].
+    pub(crate) fn set_tag(&mut self, id: PoolId, tag: Tag) -> Result<()> {
+        let slot = self.require(id)?.slot;
+        self.sources.insert(slot, tag.source.clone());
+        self.tags.insert(slot, tag);
+        Ok(())
+    }
+
+    /// The tag of the pool in `slot`, if it is one.
+    pub(crate) fn tag(&self, slot: u32) -> Option<&Tag> {
+        self.tags.get(&slot)
+    }
+
+    /// The tag of the pool in `slot`, to change.
+    pub(crate) fn tag_mut(&mut self, slot: u32) -> Option<&mut Tag> {
+        self.tags.get_mut(&slot)
+    }
+
+    /// Every tag, by slot.
+    pub(crate) fn tags(&self) -> impl Iterator<Item = (u32, &Tag)> + '_ {
+        self.tags.iter().map(|(slot, tag)| (*slot, tag))
+    }
+
+    /// Whether the pool in `slot` is a paused tag.
+    pub(crate) fn is_paused(&self, slot: u32) -> bool {
+        self.tags.get(&slot).is_some_and(|t| t.paused)
+    }
+
+    /// Whether a route to pool `id` is open.
+    pub(crate) fn routes_to(&self, id: PoolId) -> bool {
+        self.routes.iter().any(|(r, _)| *r == id)
     }
 
     /// The segment source of the pool in `slot`, if it has one.
@@ -276,10 +302,12 @@ impl PoolBook {
     }
 
     /// The pools whose options let a default request borrow their free
-    /// blocks, in id order.
+    /// blocks, in id order (a paused tag lends nothing: its memory is gone).
     pub(crate) fn use_on_oom(&self) -> Vec<PoolRecord> {
-        let mut pools: Vec<(PoolId, PoolRecord)> =
-            self.iter().filter(|(_, r)| r.options.use_on_oom).collect();
+        let mut pools: Vec<(PoolId, PoolRecord)> = self
+            .iter()
+            .filter(|(_, r)| r.options.use_on_oom && !self.is_paused(r.slot))
+            .collect();
         pools.sort_by_key(|(id, _)| *id);
         pools.into_iter().map(|(_, r)| r).collect()
     }

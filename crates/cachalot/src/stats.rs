@@ -3,7 +3,10 @@
 //! A [`Stat`] is a gauge with its peak and two monotonic totals; a [`StatArray`]
 //! holds one per [`StatPool`] (`all`, `small_pool`, `large_pool`). [`MemoryStats`]
 //! declares every family once, in the lists of one macro (`memory_stats!`), so the
-//! key names, resets and map export cannot drift apart.
+//! key names, resets and map export cannot drift apart. Besides PyTorch's
+//! families it keeps statistics of cachalot's own (`paused_bytes`), in the map
+//! under their names and left out of [`MemoryStats::to_numbers`] (PyTorch's
+//! `DeviceStats`).
 //!
 //! Policies change statistics in one place each: on block state transitions.
 //! Nothing else writes them.
@@ -207,6 +210,7 @@ macro_rules! memory_stats {
         arrays { $($(#[$adoc:meta])* $array:ident,)* }
         singles { $($(#[$sdoc:meta])* $single:ident,)* }
         counters { $($(#[$cdoc:meta])* $counter:ident,)* }
+        own { $($(#[$odoc:meta])* $own:ident,)* }
     ) => {
         /// A device allocator's statistics: PyTorch's `memory_stats()` families.
         #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,6 +218,7 @@ macro_rules! memory_stats {
             $($(#[$adoc])* pub $array: StatArray,)*
             $($(#[$sdoc])* pub $single: Stat,)*
             $($(#[$cdoc])* pub $counter: i64,)*
+            $($(#[$odoc])* pub $own: Stat,)*
             /// The configured split limit in bytes; -1 when unlimited (PyTorch's
             /// `SIZE_MAX` seen as a signed integer).
             pub max_split_size: i64,
@@ -224,6 +229,7 @@ macro_rules! memory_stats {
             pub fn reset_peak(&mut self) {
                 $(for s in self.$array.each_mut() { s.reset_peak(); })*
                 $(self.$single.reset_peak();)*
+                $(self.$own.reset_peak();)*
             }
 
             /// Zeroes every cumulative total and event counter
@@ -231,6 +237,7 @@ macro_rules! memory_stats {
             pub fn reset_accumulated(&mut self) {
                 $(for s in self.$array.each_mut() { s.reset_accumulated(); })*
                 $(self.$single.reset_accumulated();)*
+                $(self.$own.reset_accumulated();)*
                 $(self.$counter = 0;)*
             }
 
@@ -242,6 +249,7 @@ macro_rules! memory_stats {
                 $(self.$array.add(&other.$array);)*
                 $(self.$single.add(&other.$single);)*
                 $(self.$counter += other.$counter;)*
+                $(self.$own.add(&other.$own);)*
             }
 
             /// How many families of per-pool statistics there are.
@@ -266,6 +274,7 @@ macro_rules! memory_stats {
                 $(self.$array.export(stringify!($array), &mut out);)*
                 $(self.$single.export(stringify!($single), &mut out);)*
                 $(out.insert(stringify!($counter).to_string(), self.$counter);)*
+                $(self.$own.export(stringify!($own), &mut out);)*
                 out.insert("max_split_size".to_string(), self.max_split_size);
                 out
             }
@@ -274,6 +283,7 @@ macro_rules! memory_stats {
             /// `DeviceStats`: each array as all, small pool, large pool, each
             /// statistic as current, peak, allocated, freed; then the single
             /// statistics the same way, the counters, and `max_split_size`.
+            /// cachalot's own statistics, which PyTorch has not, are left out.
             pub fn to_numbers(&self) -> Vec<i64> {
                 let mut out = Vec::new();
                 $(for s in [&self.$array.all, &self.$array.small_pool, &self.$array.large_pool] {
@@ -326,6 +336,12 @@ memory_stats! {
         num_device_alloc,
         /// Device frees and page unmaps.
         num_device_free,
+    }
+    own {
+        /// SUM of the sizes of the segments of paused tags, whose pages are
+        /// given back to the device ([`crate::sleep`]); reserved bytes leave
+        /// them out. cachalot's own: PyTorch has no such statistic.
+        paused_bytes,
     }
 }
 
@@ -403,8 +419,10 @@ mod tests {
         assert_eq!(map["num_ooms"], 2);
         assert_eq!(map["max_split_size"], -1);
         assert_eq!(map["oversize_segments.peak"], 0);
-        // 9 families x 3 pools x 4 + 2 singles x 4 + 5 counters + max_split_size
-        assert_eq!(map.len(), 9 * 12 + 8 + 5 + 1);
+        // 9 families x 3 pools x 4 + 2 singles x 4 + 5 counters + max_split_size,
+        // and paused_bytes x 4, cachalot's own
+        assert_eq!(map.len(), 9 * 12 + 8 + 5 + 1 + 4);
+        assert_eq!(m.to_numbers().len(), 9 * 12 + 8 + 5 + 1);
         assert_eq!(m.arrays().len(), 9);
         for (name, array) in m.arrays() {
             assert_eq!(
@@ -438,7 +456,7 @@ mod tests {
         let one: MemoryStats = serde_json::from_value(value).unwrap();
         let mut two = one.clone();
         two.add(&one);
-        let declared = one.to_numbers().len();
+        let declared = one.to_numbers().len() + one.paused_bytes.numbers().len();
         let (mut one, mut two) = (
             serde_json::to_value(one).unwrap(),
             serde_json::to_value(two).unwrap(),

@@ -6,8 +6,10 @@
 // torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator, it serves every
 // CUDA tensor, and torch.cuda's memory functions (memory_stats, memory_summary,
 // _record_memory_history, _snapshot, empty_cache, ...) read it as they read
-// PyTorch's own. Compiled against the user's torch on first use
-// (cachalot_torch/_extension.py). docs/torch-plugin.md lists every method.
+// PyTorch's own. A plain shared library with a C entry point (no Python in
+// it, so one build serves every Python of a torch version): shipped prebuilt
+// for the torch the wheel names, compiled against any other torch on first
+// use (cachalot_torch/_extension.py). docs/torch-plugin.md lists every method.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/AllocatorConfig.h>
@@ -20,7 +22,6 @@
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
-#include <torch/extension.h>
 
 #include <atomic>
 #include <cstdint>
@@ -969,8 +970,27 @@ bool installed() {
 
 } // namespace cachalot
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "cachalot as PyTorch's CUDA allocator (a CUDAAllocator subclass)";
-  m.def("install", &cachalot::install, "Make cachalot PyTorch's CUDA allocator");
-  m.def("installed", &cachalot::installed, "Whether cachalot serves CUDA allocations");
+// The C entry points cachalot_torch/_extension.py calls through ctypes.
+// cachalot_allocator_install returns NULL on success, else PyTorch's reason,
+// valid until the thread's next call.
+extern "C" {
+
+const char* cachalot_allocator_install() {
+  static thread_local std::string reason;
+  try {
+    cachalot::install();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    reason = e.what_without_backtrace();
+    return reason.c_str();
+  } catch (const std::exception& e) {
+    reason = e.what();
+    return reason.c_str();
+  }
 }
+
+int cachalot_allocator_installed() {
+  return cachalot::installed() ? 1 : 0;
+}
+
+} // extern "C"

@@ -33,7 +33,8 @@ pub enum Change {
 /// What an adaptor does around the calls it forwards.
 pub trait Hooks {
     /// Runs before each call; an error is returned in place of the call's.
-    /// `bytes` is the size asked for (segments, ranges, pages, unmaps), else 0.
+    /// `bytes` is the size asked for (segments, ranges, pages, unmaps, host
+    /// memory, the bytes of a batch of copies), else 0.
     fn before(&self, kind: CallKind, bytes: u64) -> BackendResult<()> {
         let _ = (kind, bytes);
         Ok(())
@@ -339,6 +340,44 @@ macro_rules! adaptor {
                     0,
                 )?;
                 self.inner.synchronize_device()
+            }
+
+            fn allocate_host(
+                &self,
+                size: u64,
+            ) -> $crate::backend::BackendResult<Box<dyn $crate::backend::host::HostMemory>> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::AllocateHost,
+                    size,
+                )?;
+                self.inner.allocate_host(size)
+            }
+
+            fn download(
+                &self,
+                copies: &mut [$crate::backend::host::ToHost<'_>],
+            ) -> $crate::backend::BackendResult<()> {
+                let bytes = copies.iter().map(|c| c.dst.len() as u64).sum();
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::Download,
+                    bytes,
+                )?;
+                self.inner.download(copies)
+            }
+
+            fn upload(
+                &self,
+                copies: &[$crate::backend::host::ToDevice<'_>],
+            ) -> $crate::backend::BackendResult<()> {
+                let bytes = copies.iter().map(|c| c.src.len() as u64).sum();
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::Upload,
+                    bytes,
+                )?;
+                self.inner.upload(copies)
             }
         }
     };

@@ -13,6 +13,10 @@
 //!   stream, on streams made by [`CudaBackend::create_stream`], and on streams the
 //!   caller registered with [`CudaBackend::register_stream`]; any other id is an
 //!   error, never a handle passed to the driver.
+//! * Copies between device and host memory ([`Backend::download`],
+//!   [`Backend::upload`]) run on a stream of the backend's own, made on first
+//!   use; host memory from [`Backend::allocate_host`] is pinned
+//!   (`cuMemHostAlloc`), so they run at the link's speed.
 //! * Every segment, range, mapping, page and event handed out is remembered, and a
 //!   call naming one that is not live is rejected before the driver sees it.
 //! * On a machine without the driver or without a GPU, [`CudaBackend::new`] returns
@@ -22,6 +26,7 @@
 //! stream delay) serve tests, benchmarks and the tensor layer.
 
 mod driver;
+mod host;
 mod registry;
 
 use std::collections::HashSet;
@@ -36,6 +41,7 @@ use cudarc::driver::sys::{self, CUresult};
 
 use self::driver::{check, Context};
 use self::registry::Registry;
+use super::host::{HostMemory, ToDevice, ToHost};
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
     PageHandle, StreamId, IPC_HANDLE_BYTES,
@@ -52,6 +58,9 @@ pub struct CudaBackend {
     shareable_pages: AtomicBool,
     /// Segments of other processes opened here.
     opened: Mutex<HashSet<DevicePtr>>,
+    /// The stream [`Backend::download`] and [`Backend::upload`] queue copies
+    /// on, made on first use.
+    copy_stream: Mutex<Option<StreamId>>,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -115,6 +124,7 @@ impl CudaBackend {
             registry: RwLock::new(Registry::default()),
             shareable_pages: AtomicBool::new(true),
             opened: Mutex::new(HashSet::new()),
+            copy_stream: Mutex::new(None),
         })
     }
 
@@ -661,6 +671,21 @@ impl Backend for CudaBackend {
         })?;
         // SAFETY: on success the driver opened `fd` for us; nothing else owns it.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn allocate_host(&self, size: u64) -> BackendResult<Box<dyn HostMemory>> {
+        Ok(Box::new(host::PinnedHost::allocate(
+            self.caps.device,
+            size,
+        )?))
+    }
+
+    fn download(&self, copies: &mut [ToHost<'_>]) -> BackendResult<()> {
+        self.download_batch(copies)
+    }
+
+    fn upload(&self, copies: &[ToDevice<'_>]) -> BackendResult<()> {
+        self.upload_batch(copies)
     }
 
     fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> BackendResult<PageHandle> {

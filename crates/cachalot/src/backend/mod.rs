@@ -9,7 +9,8 @@
 //! [`counting::Counting`] counts calls by kind, [`faults::Faults`] makes chosen
 //! calls fail, [`limit::Limit`] caps the memory held, and
 //! [`recorded::RecordedAddresses`] hands out a recording's segment addresses.
-//! [`adaptor`] holds what they share.
+//! [`adaptor`] holds what they share; [`host`] the host memory that device
+//! bytes are copied to and from.
 //!
 //! # Contracts every backend keeps
 //!
@@ -26,6 +27,11 @@
 //!   from the device; [`Backend::unmap`] unmaps whole pages; a page may be released
 //!   only when no mapping of it is left; a range may be released only when nothing
 //!   is mapped in it.
+//! * **Copies**: [`Backend::download`] and [`Backend::upload`] copy between live
+//!   device memory (a segment, or mapped pages) and host memory, every copy of
+//!   a call done when it returns; they are ordered after no other work, so the
+//!   caller synchronizes first. The simulated device keeps the bytes written to
+//!   it (unwritten bytes read as zero), so tests see what a copy moved.
 //! * **Streams and events.** Stream ids are opaque: 0 is the device's default stream,
 //!   and the simulated backend accepts any stream id the caller hands it. On CUDA a
 //!   stream id is the raw `CUstream`, so the cuda backend accepts only the default
@@ -40,6 +46,7 @@ pub mod adaptor;
 pub mod counting;
 pub mod cuda;
 pub mod faults;
+pub mod host;
 pub mod limit;
 pub mod recorded;
 pub mod sim;
@@ -49,6 +56,8 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use self::host::{HostMemory, ToDevice, ToHost};
 
 /// An address in the device's address space (`CUdeviceptr` on CUDA).
 pub type DevicePtr = u64;
@@ -129,11 +138,14 @@ pub enum CallKind {
     CloseSegment,
     ExportPage,
     ImportPage,
+    AllocateHost,
+    Download,
+    Upload,
 }
 
 impl CallKind {
     /// Every kind, in declaration order.
-    pub const ALL: [CallKind; 21] = [
+    pub const ALL: [CallKind; 24] = [
         CallKind::SegmentAlloc,
         CallKind::SegmentFree,
         CallKind::ReserveRange,
@@ -155,6 +167,9 @@ impl CallKind {
         CallKind::CloseSegment,
         CallKind::ExportPage,
         CallKind::ImportPage,
+        CallKind::AllocateHost,
+        CallKind::Download,
+        CallKind::Upload,
     ];
 
     /// A stable snake_case name (used in JSON reports).
@@ -181,6 +196,9 @@ impl CallKind {
             CallKind::CloseSegment => "close_segment",
             CallKind::ExportPage => "export_page",
             CallKind::ImportPage => "import_page",
+            CallKind::AllocateHost => "allocate_host",
+            CallKind::Download => "download",
+            CallKind::Upload => "upload",
         }
     }
 
@@ -438,6 +456,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
         let _ = (fd, size);
         Err(ipc_unsupported(CallKind::ImportPage))
     }
+
+    /// `size` bytes of host memory that [`Backend::download`] and
+    /// [`Backend::upload`] reach at the link's speed (pinned memory:
+    /// `cuMemHostAlloc`). Slow to make: callers keep it and reuse it.
+    ///
+    /// # Errors
+    /// [`BackendError::OutOfMemory`] when the host has none to give;
+    /// [`BackendError::InvalidArgument`] for a zero size.
+    fn allocate_host(&self, size: u64) -> BackendResult<Box<dyn HostMemory>>;
+
+    /// Copies each device range of `copies` into its host memory: queued back
+    /// to back on a stream of the backend's own, done when this returns (also
+    /// when it fails). Not ordered after other work: synchronize first.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidArgument`] when a range is not inside live device
+    /// memory (nothing is copied); [`BackendError::Device`] when the driver
+    /// fails.
+    fn download(&self, copies: &mut [ToHost<'_>]) -> BackendResult<()>;
+
+    /// Copies each host range of `copies` to its device address, as
+    /// [`Backend::download`] copies the other way.
+    ///
+    /// # Errors
+    /// As [`Backend::download`].
+    fn upload(&self, copies: &[ToDevice<'_>]) -> BackendResult<()>;
 }
 
 /// The error of an IPC call a backend without other processes does not offer.

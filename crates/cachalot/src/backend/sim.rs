@@ -7,16 +7,22 @@
 //! * Strict: freeing an unknown or already-freed address, releasing a mapped page,
 //!   unmapping what is not mapped, or using an unknown event is a typed error and is
 //!   counted in [`SimCounters::misuse`].
-//! * Keeps the bytes in use and their peak ([`SimCounters`]). Call counts, fault
+//! * Keeps the bytes in use and their peak ([`SimCounters`]), and the bytes
+//!   written to its memory by [`Backend::upload`] for [`Backend::download`] to
+//!   read ([`contents`]). Call counts, fault
 //!   injection and memory limits are adaptors over any backend
 //!   ([`super::counting`], [`super::faults`], [`super::limit`]).
 //! * Events: by default they complete as soon as they are recorded (a device that is
 //!   always idle). In manual mode ([`SimBackend::set_manual_events`]) an event
 //!   completes only when the test completes its stream, or synchronizes.
 
+mod contents;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use self::contents::{Contents, Owner, Piece};
+use super::host::{HostMemory, ToDevice, ToHost};
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
     PageHandle, StreamId,
@@ -89,7 +95,7 @@ struct State {
     /// Freed address spans (base, bytes) reusable in descending order.
     holes: BTreeMap<DevicePtr, u64>,
     next_handle: u64,
-    segments: HashMap<DevicePtr, u64>,
+    segments: BTreeMap<DevicePtr, u64>,
     ranges: BTreeMap<DevicePtr, Range>,
     /// Page size and the number of live mappings of each page.
     pages: HashMap<PageHandle, (u64, u32)>,
@@ -98,6 +104,7 @@ struct State {
     streams: HashMap<StreamId, (u64, u64)>,
     manual_events: bool,
     counters: SimCounters,
+    contents: Contents,
 }
 
 /// A simulated GPU. See the module docs.
@@ -302,6 +309,53 @@ impl State {
         let (base, r) = self.ranges.range(..=addr).next_back()?;
         (addr < base + r.size).then_some((*base, r))
     }
+
+    /// The segment or pages under `len` bytes at `addr`, or the misuse error
+    /// of a `call` that reaches outside live device memory.
+    fn pieces(&mut self, call: CallKind, addr: DevicePtr, len: usize) -> BackendResult<Vec<Piece>> {
+        let found = self
+            .segment_piece(addr, len)
+            .or_else(|| self.page_pieces(addr, len));
+        found.ok_or_else(|| {
+            let reason = format!("{len} bytes at {addr:#x} are not inside live device memory");
+            self.misuse(BackendError::InvalidArgument { call, reason })
+        })
+    }
+
+    /// The piece of one segment that holds `len` bytes at `addr`.
+    fn segment_piece(&self, addr: DevicePtr, len: usize) -> Option<Vec<Piece>> {
+        let (base, size) = self.segments.range(..=addr).next_back()?;
+        let end = addr.checked_add(len as u64)?;
+        (end <= base + size).then(|| {
+            vec![Piece {
+                owner: Owner::Segment(*base),
+                offset: addr - base,
+                len,
+            }]
+        })
+    }
+
+    /// The pieces of the pages mapped one after the other under `len` bytes at
+    /// `addr`, if they cover them.
+    fn page_pieces(&self, addr: DevicePtr, len: usize) -> Option<Vec<Piece>> {
+        let (base, range) = self.range_of(addr)?;
+        let (mut at, end) = (addr - base, (addr - base).checked_add(len as u64)?);
+        let mut out = Vec::new();
+        while at < end {
+            let (off, (page, size)) = range.mapped.range(..=at).next_back()?;
+            if off + size <= at {
+                return None;
+            }
+            let take = (off + size).min(end) - at;
+            out.push(Piece {
+                owner: Owner::Page(*page),
+                offset: at - off,
+                len: take as usize,
+            });
+            at += take;
+        }
+        Some(out)
+    }
 }
 
 impl Backend for SimBackend {
@@ -338,6 +392,7 @@ impl Backend for SimBackend {
             Some(size) => {
                 st.counters.used -= size;
                 st.release_addresses(ptr, size);
+                st.contents.forget(Owner::Segment(ptr));
                 Ok(())
             }
             None => Err(st.misuse(BackendError::InvalidAddress {
@@ -431,6 +486,7 @@ impl Backend for SimBackend {
             Some((size, _)) => {
                 st.pages.remove(&page);
                 st.counters.used -= size;
+                st.contents.forget(Owner::Page(page));
                 Ok(())
             }
         }
@@ -570,6 +626,53 @@ impl Backend for SimBackend {
         complete_all(&mut st);
         Ok(())
     }
+
+    fn allocate_host(&self, size: u64) -> BackendResult<Box<dyn HostMemory>> {
+        let call = CallKind::AllocateHost;
+        if size == 0 {
+            let reason = "zero-size host memory".to_string();
+            return Err(self
+                .lock()
+                .misuse(BackendError::InvalidArgument { call, reason }));
+        }
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            call,
+            requested: size,
+        })?;
+        Ok(Box::new(vec![0u8; bytes]))
+    }
+
+    fn download(&self, copies: &mut [ToHost<'_>]) -> BackendResult<()> {
+        let mut st = self.lock();
+        let mut plan = Vec::with_capacity(copies.len());
+        for c in copies.iter() {
+            plan.push(st.pieces(CallKind::Download, c.src, c.dst.len())?);
+        }
+        for (c, pieces) in copies.iter_mut().zip(plan) {
+            let mut at = 0;
+            for p in pieces {
+                st.contents.read(p, &mut c.dst[at..at + p.len]);
+                at += p.len;
+            }
+        }
+        Ok(())
+    }
+
+    fn upload(&self, copies: &[ToDevice<'_>]) -> BackendResult<()> {
+        let mut st = self.lock();
+        let mut plan = Vec::with_capacity(copies.len());
+        for c in copies {
+            plan.push(st.pieces(CallKind::Upload, c.dst, c.src.len())?);
+        }
+        for (c, pieces) in copies.iter().zip(plan) {
+            let mut at = 0;
+            for p in pieces {
+                st.contents.write(p, &c.src[at..at + p.len]);
+                at += p.len;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -624,6 +727,73 @@ mod tests {
             no_vm.reserve_range(g),
             Err(BackendError::Unsupported { .. })
         ));
+    }
+
+    #[test]
+    fn copies_keep_bytes_of_segments_and_pages_until_they_go() {
+        let sim = SimBackend::new(1 << 30);
+        let g = SIM_GRANULARITY;
+        let seg = sim.allocate_segment(g).unwrap();
+        let base = sim.reserve_range(4 * g).unwrap();
+        let (p, q) = (sim.create_page(g).unwrap(), sim.create_page(g).unwrap());
+        sim.map(base, p).unwrap();
+        sim.map(base + g, q).unwrap();
+        let data: Vec<u8> = (0..300u32).map(|i| i as u8 ^ 0x5a).collect();
+        let across = base + g - 100;
+        sim.upload(&[
+            ToDevice {
+                src: &data,
+                dst: seg + 8,
+            },
+            ToDevice {
+                src: &data,
+                dst: across,
+            },
+        ])
+        .unwrap();
+        let (mut a, mut b) = (vec![0u8; 300], vec![0u8; 300]);
+        sim.download(&mut [
+            ToHost {
+                src: seg + 8,
+                dst: &mut a,
+            },
+            ToHost {
+                src: across,
+                dst: &mut b,
+            },
+        ])
+        .unwrap();
+        assert_eq!((&a, &b), (&data, &data));
+        let misuse = sim.counters().misuse;
+        let outside = [ToDevice {
+            src: &data,
+            dst: base + 2 * g - 8,
+        }];
+        assert!(sim.upload(&outside).is_err(), "runs past the mapped pages");
+        assert!(sim
+            .download(&mut [ToHost {
+                src: seg + g - 1,
+                dst: &mut a
+            }])
+            .is_err());
+        assert_eq!(sim.counters().misuse, misuse + 2);
+        sim.unmap(base + g, g).unwrap();
+        sim.release_page(q).unwrap();
+        let q = sim.create_page(g).unwrap();
+        sim.map(base + g, q).unwrap();
+        sim.download(&mut [ToHost {
+            src: across,
+            dst: &mut b,
+        }])
+        .unwrap();
+        assert_eq!(&b[..100], &data[..100], "the first page kept its bytes");
+        assert!(
+            b[100..].iter().all(|x| *x == 0),
+            "a new page starts from zero"
+        );
+        let mut host = sim.allocate_host(64).unwrap();
+        assert_eq!(host.bytes_mut().len(), 64);
+        assert!(sim.allocate_host(0).is_err());
     }
 
     #[test]

@@ -26,28 +26,12 @@ use std::sync::{Arc, OnceLock};
 pub use self::import::Imports;
 
 use crate::allocator::DeviceAllocator;
-use crate::backend::{DevicePtr, PageHandle};
+use crate::backend::DevicePtr;
+pub use crate::backing::Backing;
 use crate::error::{Error, Result};
 
 use self::handle::Handle;
 use self::server::FdServer;
-
-/// What lies under a live allocation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Backing {
-    /// A device segment starting at `base`.
-    Segment {
-        /// The segment's base address.
-        base: DevicePtr,
-    },
-    /// Physical handles mapped one after another from `base`.
-    Pages {
-        /// Where the first handle is mapped.
-        base: DevicePtr,
-        /// The handles and their bytes, in address order.
-        pages: Vec<(PageHandle, u64)>,
-    },
-}
 
 /// A shared allocation: the handle to send, and where the allocation lies
 /// from what the handle opens.

@@ -10,3 +10,25 @@ pub mod pytorch;
 
 pub use self::cachalot::CachalotAllocator;
 pub use pytorch::PytorchAllocator;
+
+use std::sync::Arc;
+
+use crate::allocator::DeviceAllocator;
+use crate::backend::Backend;
+use crate::config::{AllocatorConfig, PolicyKind};
+use crate::error::Result;
+
+/// Builds the allocator for `config.policy` on `backend`.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a configuration
+/// the policy cannot run.
+pub fn create(
+    backend: Arc<dyn Backend>,
+    config: AllocatorConfig,
+) -> Result<Arc<dyn DeviceAllocator>> {
+    match config.policy {
+        PolicyKind::Pytorch => Ok(Arc::new(PytorchAllocator::new(backend, config)?)),
+        PolicyKind::Cachalot => Ok(Arc::new(CachalotAllocator::new(backend, config)?)),
+    }
+}

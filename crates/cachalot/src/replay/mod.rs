@@ -93,7 +93,8 @@ pub struct ReplayReport {
     pub device: String,
     /// The simulated device's capacity in bytes.
     pub capacity: u64,
-    /// Recorded events.
+    /// Recorded events replayed, over every pass (as `allocs` and `frees`
+    /// count every pass).
     pub events: u64,
     /// Allocations made (ooms not included).
     pub allocs: u64,
@@ -450,7 +451,7 @@ impl Run<'_> {
             conf: allocator.config().source.clone(),
             device: counting.capabilities().name.clone(),
             capacity: counting.capabilities().total_memory,
-            events: self.plan.events as u64,
+            events: events as u64,
             allocs: tally.allocs,
             frees: tally.frees,
             empty_caches: tally.empty_caches,

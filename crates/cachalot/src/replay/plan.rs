@@ -20,7 +20,10 @@
 //!   becomes one `empty_cache`.
 //! * `segment_alloc`/`segment_map` events are not replayed (the policy decides its
 //!   own segments) but their sizes are kept to compare with the replay's.
-//! * `oom` and `snapshot` events change nothing.
+//! * `oom` and `snapshot` events change nothing; nor do `segment_pause` and
+//!   `segment_resume` (a tag's pages going back and coming back: the replay
+//!   keeps the tag's memory throughout, so its peaks are the program's without
+//!   pauses).
 //! * A recording may start in the middle of a run (history turned on late, or
 //!   a ring buffer that wrapped). A free of an address the recording has not
 //!   shown before is of an allocation made before its first event; so is a
@@ -333,6 +336,9 @@ pub fn plan_routed(
                 }
                 builder.reserved = builder.reserved.saturating_sub(e.size);
             }
+            // A tag's pages going and coming back: no allocator call.
+            Action::SegmentPause => builder.reserved = builder.reserved.saturating_sub(e.size),
+            Action::SegmentResume => builder.reserved = builder.reserved.saturating_add(e.size),
             Action::Oom | Action::Snapshot => {}
         }
     }

@@ -49,7 +49,12 @@ impl Workload {
     ) -> Result<Workload, TraceError> {
         let recording = read_recording_path_with(path, limits, progress)?;
         let stats = match stats_path_for(path).filter(|p| p.is_file()) {
-            Some(p) => Some(read_stats_path(&p, limits)?),
+            Some(p) => Some(
+                read_stats_path(&p, limits).map_err(|e| TraceError::StatsFile {
+                    path: p.display().to_string(),
+                    source: Box::new(e),
+                })?,
+            ),
             None => None,
         };
         Ok(Workload { recording, stats })
@@ -63,6 +68,14 @@ impl Workload {
             (None, Some(conf)) => conf,
             (None, None) => "",
         }
+    }
+
+    /// What the recording does not say of how it was made: (the device,
+    /// the configuration), each `true` when defaults stand in for it (no
+    /// stats file beside the recording, no settings in it).
+    pub fn unknowns(&self) -> (bool, bool) {
+        let no_stats = self.stats.is_none();
+        (no_stats, no_stats && self.recording.conf.is_none())
     }
 
     /// The device's memory: the stats file's, else an H100 80GB's.

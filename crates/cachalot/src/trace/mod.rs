@@ -106,6 +106,14 @@ pub enum TraceError {
         /// The devices that have events.
         devices: Vec<usize>,
     },
+    /// The stats file beside a recording does not read.
+    #[error("the stats file beside it, {path}: {source}")]
+    StatsFile {
+        /// The stats file.
+        path: String,
+        /// Why it does not read.
+        source: Box<TraceError>,
+    },
     /// A well-formed file whose content does not have the expected shape.
     #[error("{path}: {reason}")]
     Schema {
@@ -592,6 +600,54 @@ mod tests {
         assert_eq!([line(0), line(1), line(2)], [2, 5, 7]);
         let err = Recording::default().event_error(3, "bad").to_string();
         assert_eq!(err, "event 3: bad");
+    }
+
+    /// Writes `n` copies of `chunk` through a gzip encoder without holding
+    /// them: a small file that expands to `n * chunk.len()` bytes.
+    fn gzip_of_repeats(head: &[u8], chunk: &[u8], n: usize) -> Vec<u8> {
+        let mut enc = GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(head).expect("in memory");
+        for _ in 0..n {
+            enc.write_all(chunk).expect("in memory");
+        }
+        enc.finish().expect("in memory")
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_refused_as_it_expands() {
+        // A header, then 256 MiB of newlines in a quarter of a megabyte.
+        let header = b"time_us,action,addr,size,stream\n";
+        let bomb = gzip_of_repeats(header, &b"\n".repeat(1 << 20), 256);
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        let err = read_recording(&bomb[..], &ReadLimits::default()).unwrap_err();
+        assert!(matches!(err, TraceError::Expands { ratio: 256 }), "{err}");
+        // Zeros after a pickle's first bytes: refused at the first opcode.
+        let bomb = gzip_of_repeats(&[0x80, 4], &[0u8; 1 << 20], 256);
+        let err = read_recording(&bomb[..], &ReadLimits::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TraceError::Pickle { offset: 2, .. } | TraceError::Expands { .. }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn blank_lines_cost_nothing_to_remember() {
+        let mut text = b"time_us,action,addr,size,stream\n".to_vec();
+        text.extend(b"\n".repeat(10_000_000));
+        text.extend(b"1,alloc,4096,512,0\n\n2,alloc,8192,512,0\n");
+        let rec = read_recording(&text[..], &ReadLimits::default()).unwrap();
+        let Origin::Csv { line_jumps } = &rec.origin else {
+            panic!("a CSV")
+        };
+        assert_eq!(line_jumps.len(), 2, "one entry per run of blank lines");
+        let line = |event| match rec.event_error(event, "bad") {
+            TraceError::Csv { line, .. } => line,
+            other => panic!("expected a CSV error, got {other}"),
+        };
+        assert_eq!([line(0), line(1)], [10_000_002, 10_000_004]);
     }
 
     #[test]

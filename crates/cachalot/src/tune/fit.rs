@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{Candidate, Ranking};
 use crate::backend::sim::{SIM_GRANULARITY, SIM_MAX_CAPACITY};
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, PolicyKind};
 use crate::replay::{self, Plan, ReplayError};
 
 /// A candidate's smallest device. Field names are a stable interface
@@ -25,16 +25,21 @@ pub struct Fit {
 }
 
 /// "Will it fit?" for the `count` best of `ranking`'s leaders (one candidate
-/// per outcome) and for the default configuration, on all cores, in ranking
-/// order, each replayed for as many passes as the search was.
+/// per outcome), for the best of PyTorch's own allocator and for the default
+/// configuration, on all cores, in ranking order, each replayed for as many
+/// passes as the search was.
 ///
 /// # Errors
 /// A replay that failed other than by running out of memory.
 pub fn fit_leaders(plan: &Plan, ranking: &Ranking, count: usize) -> Result<Vec<Fit>, ReplayError> {
     let mut chosen: Vec<&Candidate> = ranking.leaders().take(count).collect();
-    if let Some(default) = ranking.default_candidate() {
-        if !chosen.iter().any(|c| c.conf.is_empty()) {
-            chosen.push(default);
+    let also = [
+        ranking.best(Some(PolicyKind::Pytorch)),
+        ranking.default_candidate(),
+    ];
+    for candidate in also.into_iter().flatten() {
+        if !chosen.iter().any(|c| c.conf == candidate.conf) {
+            chosen.push(candidate);
         }
     }
     chosen
@@ -62,6 +67,37 @@ pub fn fit_leaders(plan: &Plan, ranking: &Ranking, count: usize) -> Result<Vec<F
             })
         })
         .collect()
+}
+
+/// The setting to recommend (of `policy` when given): the best-ranked
+/// candidate that runs on the device searched and, of those whose smallest
+/// device `fits` knows, needs no larger a device than the default does. A
+/// setting with less peak reserved on a large device can need a larger one
+/// to run at all (it reuses less under pressure); it is not recommended
+/// over the default. When no such candidate is known, the one whose
+/// smallest device is least.
+pub fn recommend<'a>(
+    ranking: &'a Ranking,
+    fits: &[Fit],
+    policy: Option<PolicyKind>,
+) -> Option<&'a Candidate> {
+    let need = |c: &Candidate| {
+        fits.iter()
+            .find(|f| f.conf == c.conf)
+            .and_then(|f| f.smallest_capacity_bytes)
+    };
+    let default_need = ranking.default_candidate().and_then(need);
+    let known = || {
+        ranking
+            .candidates
+            .iter()
+            .filter(|c| c.fits() && policy.is_none_or(|p| c.policy == p.name()))
+            .filter_map(move |c| need(c).map(|n| (c, n)))
+    };
+    known()
+        .find(|(_, n)| default_need.is_none_or(|d| *n <= d))
+        .or_else(|| known().min_by_key(|(_, n)| *n))
+        .map(|(c, _)| c)
 }
 
 /// The smallest capacity (a multiple of the simulated page) on which `plan`,

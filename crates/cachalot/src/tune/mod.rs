@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::config::{AllocatorConfig, ConfigError, PolicyKind};
 use crate::replay::{self, Op, Plan, ReplayError};
 
-pub use fit::{fit_leaders, smallest_capacity, Fit};
+pub use fit::{fit_leaders, recommend, smallest_capacity, Fit};
 pub use space::{Space, Workload, DEFAULT_VALUE, SEARCH_KEYS};
 
 /// Why a tuning cannot run. Remedy: as each variant says.

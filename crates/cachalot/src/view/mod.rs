@@ -159,13 +159,50 @@ pub fn render(timeline: &Timeline, info: &PageInfo) -> String {
     // serde_json cannot fail on these plain types; fall back to no data if it did.
     let json =
         serde_json::to_string(&page_data(timeline, info)).unwrap_or_else(|_| "null".to_string());
-    // Inside <script>, only "</" can end the element early.
-    let json = json.replace("</", "<\\/");
-    TEMPLATE
-        .replace("{{TITLE}}", &html_escape(&info.title))
-        .replace("{{STYLE}}", STYLE)
-        .replace("{{SCRIPT}}", SCRIPT)
-        .replace("{{DATA}}", &json)
+    // Inside <script>, "</" ends the element and "<!--" can hide its end:
+    // no '<' (nor '>' or '&') is left as itself. They only occur in strings,
+    // where JSON's escape reads back the same.
+    let json = json
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    let title = html_escape(&info.title);
+    fill(
+        TEMPLATE,
+        &[
+            ("TITLE", &title),
+            ("STYLE", STYLE),
+            ("SCRIPT", SCRIPT),
+            ("DATA", &json),
+        ],
+    )
+}
+
+/// `template` with each `{{KEY}}` of `values` replaced, in one pass: what a
+/// value holds is never read as a placeholder.
+fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out =
+        String::with_capacity(template.len() + values.iter().map(|v| v.1.len()).sum::<usize>());
+    let mut rest = template;
+    while let Some(at) = rest.find("{{") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let found = values
+            .iter()
+            .find(|(key, _)| after.starts_with(key) && after[key.len()..].starts_with("}}"));
+        match found {
+            Some((key, value)) => {
+                out.push_str(value);
+                rest = &after[key.len() + 2..];
+            }
+            None => {
+                out.push_str("{{");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -199,7 +236,7 @@ mod tests {
             "flattened allocations"
         );
         assert!(
-            html.contains("x<\\/script>y"),
+            html.contains("x\\u003c/script\\u003ey"),
             "data cannot close the script element"
         );
         assert_eq!(
@@ -211,5 +248,23 @@ mod tests {
             assert!(!html.contains(remote), "no network: found {remote}");
         }
         assert!(!html.contains("{{"), "every placeholder filled");
+    }
+
+    #[test]
+    fn no_name_can_hide_the_end_of_the_data_or_fill_a_placeholder() {
+        let t = Timeline::from_events(&[]);
+        let info = PageInfo {
+            title: "<!--<script>x.csv {{SCRIPT}}".into(),
+            subtitle: "<!--<script>".into(),
+        };
+        let html = render(&t, &info);
+        let data = html
+            .split("<script type=\"application/json\" id=\"data\">")
+            .nth(1)
+            .and_then(|rest| rest.split("</script>").next())
+            .expect("the data element");
+        assert!(!data.contains('<'), "{data}");
+        assert!(html.contains("<title>&lt;!--&lt;script&gt;x.csv {{SCRIPT}}</title>"));
+        assert_eq!(html.matches("</script>").count(), 2);
     }
 }

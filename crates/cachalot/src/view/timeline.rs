@@ -7,7 +7,9 @@
 //! completion follows); its size is the requested size. Device memory is held
 //! in chunks: a segment from `segment_alloc` to `segment_free`, or a mapped range
 //! from `segment_map` to the `segment_unmap` that covers it (a partial unmap
-//! splits the chunk).
+//! splits the chunk). A paused tag's segment is held until its `segment_pause`
+//! and again from its `segment_resume`, as a mapped range; its allocations stay
+//! live in between.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -273,10 +275,11 @@ impl Builder {
                 self.requested.remove(&e.addr);
                 self.free(i, e.addr);
             }
-            Action::SegmentAlloc | Action::SegmentMap => {
-                self.obtain(i, e, e.action == Action::SegmentMap)
+            Action::SegmentAlloc => self.obtain(i, e, false),
+            Action::SegmentMap | Action::SegmentResume => self.obtain(i, e, true),
+            Action::SegmentFree | Action::SegmentUnmap | Action::SegmentPause => {
+                self.release(i, e.addr, e.size)
             }
-            Action::SegmentFree | Action::SegmentUnmap => self.release(i, e.addr, e.size),
             Action::Oom => self.t.ooms.push(i),
             Action::Snapshot => {}
         }
@@ -474,6 +477,25 @@ mod tests {
         assert_eq!(t.reserved_at(1), 8 * mib);
         assert_eq!(t.reserved_at(2), 2 * mib);
         assert_eq!(t.peak_reserved(), 8 * mib);
+    }
+
+    #[test]
+    fn a_paused_segment_is_held_again_from_its_resume() {
+        let mib = 1 << 20;
+        let t = Timeline::from_events(&[
+            ev(Action::SegmentAlloc, 0, 20 * mib),
+            ev(Action::Alloc, 0, 8 * mib),
+            ev(Action::SegmentPause, 0, 20 * mib),
+            ev(Action::SegmentResume, 0, 20 * mib),
+        ]);
+        assert_eq!(t.reserved, [(0, 20 * mib), (2, 0), (3, 20 * mib)]);
+        assert_eq!(t.allocs[0].end, STILL_LIVE, "the allocation lives through");
+        let chunks: Vec<(u32, u32, bool)> = t
+            .chunks
+            .iter()
+            .map(|c| (c.start, c.end, c.mapped))
+            .collect();
+        assert_eq!(chunks, [(0, 2, false), (3, STILL_LIVE, true)]);
     }
 
     #[test]

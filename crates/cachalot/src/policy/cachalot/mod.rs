@@ -197,10 +197,10 @@ use std::time::Instant;
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
-use crate::ipc::Backing;
+use crate::backing::Backing;
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 

@@ -120,6 +120,8 @@ pub(crate) struct Segment {
     pub(crate) expandable: Option<ExpandableSegment>,
     /// Where it came from, when not from the device (its pool's source).
     pub(crate) source: Option<Arc<dyn SegmentSource>>,
+    /// A paused tag's segment: its pages are given back, its blocks kept.
+    pub(crate) paused: bool,
 }
 
 /// Blocks by id.

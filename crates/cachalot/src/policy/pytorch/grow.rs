@@ -44,6 +44,7 @@ impl State {
             head: placeholder(),
             expandable: None,
             source,
+            paused: false,
         });
         let id = self
             .blocks
@@ -114,6 +115,7 @@ impl State {
             head: placeholder(),
             expandable: Some(es),
             source: None,
+            paused: false,
         });
         let mut b = new_block(req, base, size, segment, true);
         b.mapped = false;

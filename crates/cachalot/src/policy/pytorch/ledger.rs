@@ -114,6 +114,22 @@ impl Ledger {
         self.emit(Action::SegmentUnmap, addr, size, stream);
     }
 
+    /// A tag's segment gave its pages back to the device (it stays a segment).
+    pub(crate) fn paused(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
+        self.stats.reserved_bytes.update(small, -(size as i64));
+        self.stats.paused_bytes.increase(size);
+        self.stats.num_device_free += 1;
+        self.emit(Action::SegmentPause, addr, size, stream);
+    }
+
+    /// A paused segment's pages came back.
+    pub(crate) fn resumed(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
+        self.stats.paused_bytes.decrease(size);
+        self.stats.reserved_bytes.update(small, size as i64);
+        self.stats.num_device_alloc += 1;
+        self.emit(Action::SegmentResume, addr, size, stream);
+    }
+
     /// A block was handed to a caller.
     pub(crate) fn allocated(&mut self, b: &Block) {
         let s = &mut self.stats;

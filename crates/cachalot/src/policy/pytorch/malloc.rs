@@ -24,6 +24,7 @@ impl State {
         }
         let rounded = self.placement.round_size(size);
         let (pool, options) = self.route(stream);
+        self.refuse_paused(pool, size)?;
         let req = Request {
             size: rounded,
             requested: size,

@@ -16,6 +16,9 @@
 //!   pool) grows one reserved range by mapping pages instead.
 //! * A block freed after `record_stream` returns to its pool when events recorded
 //!   on the other streams complete; they are polled at each `malloc`.
+//! * A private pool may be a tag ([`crate::sleep`]): its segments are pages of
+//!   cachalot's own, which a pause gives back and a resume brings back at the
+//!   same addresses, the blocks unchanged (not PyTorch's: cachalot's own).
 //!
 //! One mutex guards the state, as in PyTorch.
 
@@ -35,6 +38,7 @@ mod pool;
 mod private;
 mod release;
 mod share;
+mod sleep;
 mod snapshot;
 mod state;
 mod streams;
@@ -44,11 +48,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::allocator::DeviceAllocator;
 use crate::backend::{Backend, DevicePtr, StreamId};
+use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
-use crate::ipc::Backing;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
+use crate::sleep::{Backup, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -208,6 +213,22 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
         self.lock().restore_pool(id, live)
+    }
+
+    fn make_tag(&self, id: PoolId, backup: Backup) -> Result<()> {
+        self.lock().make_tag(id, backup)
+    }
+
+    fn pause_tag(&self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport> {
+        self.lock().pause_tag(id, when_busy)
+    }
+
+    fn resume_tag(&self, id: PoolId) -> Result<SleepReport> {
+        self.lock().resume_tag(id)
+    }
+
+    fn tag_state(&self, id: PoolId) -> Result<TagState> {
+        self.lock().tag_state(id)
     }
 
     fn set_stream_hash(&self, stream: StreamId, hash: u64) {

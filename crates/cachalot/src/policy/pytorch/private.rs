@@ -122,6 +122,7 @@ impl State {
         live: &[PoolAllocation],
     ) -> Result<Vec<DevicePtr>> {
         let slot = self.book.require(id)?.slot;
+        self.refuse_paused(slot, live.iter().map(|a| a.requested).sum())?;
         let freed: Vec<DevicePtr> = self.pool_allocations(id)?.iter().map(|a| a.ptr).collect();
         for ptr in &freed {
             self.free(*ptr)?;

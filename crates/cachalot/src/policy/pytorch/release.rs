@@ -104,7 +104,8 @@ impl State {
     }
 
     /// Frees every unsplit cached segment of a pool (of the pool pair in
-    /// `slot`) and unmaps every free page of its expandable segments.
+    /// `slot`) and unmaps every free page of its expandable segments. A paused
+    /// tag's segments stay until it is resumed (their pages are gone already).
     pub(crate) fn release_blocks(&mut self, slot: u32, small: bool) -> Result<()> {
         let pool = self.pools[slot as usize].of(small);
         let cached: Vec<BlockId> = pool.blocks.values().collect();
@@ -113,7 +114,7 @@ impl State {
             let b = &self.blocks[id];
             if b.expandable {
                 to_unmap.push(id);
-            } else if !b.is_split() {
+            } else if !b.is_split() && !self.segments[b.segment].paused {
                 self.release_block(id)?;
             }
         }

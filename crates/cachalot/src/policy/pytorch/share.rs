@@ -2,8 +2,8 @@
 //! the segment of a plain block, the pages under an expandable one.
 
 use crate::backend::DevicePtr;
+use crate::backing::Backing;
 use crate::error::{Error, Result};
-use crate::ipc::Backing;
 
 use super::state::State;
 

@@ -1,5 +1,6 @@
 //! Snapshots: one entry per plain segment, and one per contiguous mapped range of
-//! an expandable segment, as PyTorch reports them.
+//! an expandable segment, as PyTorch reports them. A paused tag's segments are
+//! left out, as unmapped pages are: no memory lies under them.
 
 use crate::private_pool::PoolId;
 use crate::snapshot::{BlockInfo, BlockState, MemorySnapshot, SegmentInfo};
@@ -11,7 +12,7 @@ impl State {
     /// Every segment and block, by address.
     pub(crate) fn snapshot(&self) -> MemorySnapshot {
         let mut segments = Vec::new();
-        for (_, seg) in self.segments.iter() {
+        for (_, seg) in self.segments.iter().filter(|(_, s)| !s.paused) {
             let pool_id = self.book.id_of(seg.pool);
             let mut open: Option<SegmentInfo> = None;
             let mut cur = Some(seg.head);

@@ -2,6 +2,7 @@
 //! recomputing each statistic from the blocks.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::ensure_invariant;
 use crate::error::InvariantViolation;
@@ -26,6 +27,7 @@ impl State {
             self.blocks.len()
         );
         self.validate_pools()?;
+        self.validate_tags()?;
         self.validate_claims()?;
         self.validate_stats()
     }
@@ -186,6 +188,52 @@ impl State {
         Ok(())
     }
 
+    /// Checks that every segment of a tag comes from its source, which knows
+    /// it paused exactly when the segment is, that a tag's source holds no
+    /// other segment, and that only a paused tag has paused segments.
+    fn validate_tags(&self) -> Check {
+        for (_, seg) in self.segments.iter() {
+            let Some(tag) = self.book.tag(seg.pool) else {
+                ensure_invariant!(
+                    !seg.paused,
+                    "segment at {:#x} of no tag is paused",
+                    seg.base
+                );
+                continue;
+            };
+            let from_tag = seg
+                .source
+                .as_ref()
+                .is_some_and(|s| std::ptr::addr_eq(Arc::as_ptr(s), Arc::as_ptr(&tag.source)));
+            ensure_invariant!(
+                from_tag,
+                "segment at {:#x} of a tag is not its source's",
+                seg.base
+            );
+            ensure_invariant!(
+                tag.source.paused(seg.base) == Some(seg.paused),
+                "segment at {:#x}: its source says paused {:?}, the allocator {}",
+                seg.base,
+                tag.source.paused(seg.base),
+                seg.paused
+            );
+            ensure_invariant!(
+                tag.paused || !seg.paused,
+                "segment at {:#x} is paused in a tag that is not",
+                seg.base
+            );
+        }
+        for (slot, tag) in self.book.tags() {
+            let held = self.segments.iter().filter(|(_, s)| s.pool == slot).count();
+            ensure_invariant!(
+                tag.source.len() == held,
+                "the tag in slot {slot} holds {held} segments, its source {}",
+                tag.source.len()
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the allocated map and the outstanding events.
     fn validate_claims(&self) -> Check {
         for (addr, id) in &self.allocated {
@@ -251,15 +299,21 @@ impl State {
                 add("inactive_split_bytes", b.small, b.size as i64);
             }
         }
+        let mut paused = 0;
         for (_, seg) in self.segments.iter() {
             match &seg.expandable {
                 Some(es) => add("reserved_bytes", seg.small, es.mapped_bytes() as i64),
+                None if seg.paused => {
+                    add("segment", seg.small, 1);
+                    paused += seg.size as i64;
+                }
                 None => {
                     add("segment", seg.small, 1);
                     add("reserved_bytes", seg.small, seg.size as i64);
                 }
             }
         }
+        want.insert("paused_bytes.current".into(), paused);
         let (over_alloc, over_seg) = self.oversize_counts();
         want.insert("oversize_allocations.current".into(), over_alloc);
         want.insert("oversize_segments.current".into(), over_seg);

@@ -4,8 +4,8 @@
 //! kept for reuse or merged back into its heap.
 
 use crate::backend::{Backend, BackendResult, EventId, StreamId};
+use crate::backing::Backing;
 use crate::error::FreeError;
-use crate::ipc::Backing;
 
 use super::StreamState;
 use crate::policy::cachalot::heap::{BlockId, State};
