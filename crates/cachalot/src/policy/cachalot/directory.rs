@@ -162,8 +162,8 @@ impl Directory {
         }
         let n = self.len.load(Ordering::Acquire);
         let (k, j) = locate(n);
-        let chunk = self.chunks[k]
-            .get_or_init(|| (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect());
+        let chunk =
+            self.chunks[k].get_or_init(|| (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect());
         let ranges = Arc::new(RangeTable::default());
         let state = Isolated(StreamLock::new(make(ranges.clone())));
         let entry = chunk[j].get_or_init(|| StreamEntry {

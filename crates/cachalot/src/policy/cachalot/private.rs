@@ -120,7 +120,9 @@ impl CachalotAllocator {
         }
         for a in live {
             let restored = self
-                .on_existing(a.stream, slot, |st| st.allocate_at(a.ptr, a.size, a.requested))
+                .on_existing(a.stream, slot, |st| {
+                    st.allocate_at(a.ptr, a.size, a.requested)
+                })
                 .unwrap_or_else(|| Err(format!("the pool has no memory of stream {}", a.stream)));
             restored.map_err(|why| {
                 Error::InvalidArgument(format!("cannot restore the pool's allocation: {why}"))

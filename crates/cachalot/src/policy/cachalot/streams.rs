@@ -196,7 +196,10 @@ mod tests {
         let (a, b) = (StreamId(1), StreamId(2));
         alloc.on_stream(a, 0, |_| ());
         let stale = alloc.streams.get(a, 0).unwrap();
-        assert!(stale.lock().recycle(b, 0), "empty: taken over by b");
+        let taken = alloc
+            .streams
+            .get_or_create(b, 0, |_| unreachable!("a's empty entry is taken over"));
+        assert!(std::ptr::eq(taken, stale), "empty: taken over by b");
         let ran = alloc.journaled(stale, |st| st.is(a, 0));
         assert!(!ran, "the stale entry is b's now");
         let on = alloc.on_stream(a, 0, |st| st.stream());
