@@ -351,6 +351,44 @@ fn a_request_that_never_fits_fails_at_once() {
     assert_eq!(dev.calls.counts().memory_calls(), 2);
 }
 
+/// No fixed limit on streams: 1000 streams and 300 private pools, each
+/// holding a block at once, all allocate, free and validate, and the
+/// device's statistics add up. Before, the 257th stream or lane was
+/// refused.
+#[test]
+fn streams_and_private_pools_have_no_fixed_limit() {
+    use cachalot::private_pool::PoolId;
+    let dev = TestDevice::new(SimBackend::new(64 << 30));
+    let alloc = allocator(&dev, "");
+    let mut live = Vec::new();
+    for s in 0..1000 {
+        live.push(alloc.malloc(MIB + 512, StreamId(s)).unwrap());
+    }
+    for k in 0..300 {
+        let pool = PoolId(1, k);
+        alloc
+            .begin_allocate_to_pool(pool, Arc::new(|_| true))
+            .unwrap();
+        live.push(alloc.malloc(3 * MIB, StreamId(k)).unwrap());
+        alloc.end_allocate_to_pool(pool).unwrap();
+    }
+    alloc.validate().unwrap();
+    let st = alloc.stats();
+    let allocated = 1000 * (MIB + 512) + 300 * 3 * MIB;
+    assert_eq!(st.allocated_bytes.all.current as u64, allocated);
+    assert_eq!(st.allocated_bytes.all.peak as u64, allocated);
+    for p in live {
+        alloc.free(p).unwrap();
+    }
+    for k in 0..300 {
+        alloc.release_pool(PoolId(1, k)).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    alloc.validate().unwrap();
+    assert_eq!(alloc.memory_reserved(), 0);
+    assert_eq!(dev.sim.live_objects(), 0);
+}
+
 #[test]
 fn memory_fraction_limits_reserved_bytes() {
     let dev = TestDevice::new(SimBackend::new(100 * MIB));

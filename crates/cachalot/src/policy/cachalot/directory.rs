@@ -1,9 +1,20 @@
-//! The streams of one allocator, found without a lock: a fixed table of entries
-//! filled once each, and the reserved ranges of each stream published in
-//! atomics so a free finds its stream by address without touching the others.
+//! The streams of one allocator, found without a lock: a table of entries
+//! that grows in chunks (no bound on the number of streams), and the
+//! reserved ranges of each stream published in atomics so a free finds its
+//! stream by address without touching the others.
+//!
+//! An entry is never freed, but it is *recycled*: a stream (or a private
+//! pool's lane) that holds nothing (no block, no page, no segment, no free
+//! waiting for another stream) is taken over by the next new stream or
+//! lane, so a program that goes through many streams over its life (a
+//! server's per-request streams, a CUDA graph's private pool per capture)
+//! has as many entries as it has streams holding memory at once. An entry's
+//! key may thus change under a reader that found it without a lock: what
+//! holds it is the state's own key, read under the state's lock
+//! ([`StreamState::is`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 use spin::relax::Yield;
@@ -19,8 +30,13 @@ thread_local! {
     static LAST_OWNER: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
 }
 
-/// Streams one allocator serves at most.
-pub(crate) const MAX_STREAMS: usize = 256;
+/// Entries in the table's first chunk; each next chunk holds twice as many
+/// as the one before.
+const FIRST_CHUNK: usize = 8;
+
+/// Chunks at most: `FIRST_CHUNK << CHUNKS` entries, more than any process
+/// could hold.
+const CHUNKS: usize = 48;
 
 /// A stream's state on cache lines of its own, so that the stream's writes
 /// (its lock, its statistics) never share a line with what other threads read
@@ -40,12 +56,12 @@ type StreamLock = SpinMutex<StreamState, Yield>;
 /// pools of one private pool (a *lane* of that private pool).
 #[derive(Debug)]
 pub(crate) struct StreamEntry {
-    /// The stream.
-    pub(crate) stream: StreamId,
-    /// The private pool's slot (0: the default pools).
-    pub(crate) pool: u32,
+    /// The stream, as last published (see the module docs).
+    stream: AtomicU64,
+    /// The private pool's slot (0: the default pools), as last published.
+    pool: AtomicU32,
     /// Where its pools' ranges are.
-    pub(crate) ranges: std::sync::Arc<RangeTable>,
+    pub(crate) ranges: Arc<RangeTable>,
     state: Isolated<StreamLock>,
 }
 
@@ -56,12 +72,32 @@ impl StreamEntry {
     pub(crate) fn lock(&self) -> SpinMutexGuard<'_, StreamState> {
         self.state.0.lock()
     }
+
+    /// Whether the entry was last published for `stream` in slot `pool` (a
+    /// hint: [`StreamState::is`] holds under the lock).
+    #[inline(always)]
+    fn keyed(&self, stream: StreamId, pool: u32) -> bool {
+        self.stream.load(Ordering::Acquire) == stream.0 && self.pool.load(Ordering::Acquire) == pool
+    }
+
+    /// The private pool slot the entry was last published for (0: the
+    /// default pools); a hint, as [`StreamEntry::keyed`].
+    pub(crate) fn slot(&self) -> u32 {
+        self.pool.load(Ordering::Acquire)
+    }
+
+    fn publish(&self, stream: StreamId, pool: u32) {
+        self.stream.store(stream.0, Ordering::Release);
+        self.pool.store(pool, Ordering::Release);
+    }
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct Directory {
-    entries: Box<[OnceLock<StreamEntry>]>,
+    /// Chunk `k` holds entries `FIRST_CHUNK * (2^k - 1)` on, `FIRST_CHUNK
+    /// << k` of them.
+    chunks: [OnceLock<Box<[OnceLock<StreamEntry>]>>; CHUNKS],
     len: AtomicUsize,
     grow: Mutex<()>,
 }
@@ -69,56 +105,79 @@ pub(crate) struct Directory {
 impl Default for Directory {
     fn default() -> Self {
         Directory {
-            entries: (0..MAX_STREAMS).map(|_| OnceLock::new()).collect(),
+            chunks: std::array::from_fn(|_| OnceLock::new()),
             len: AtomicUsize::new(0),
             grow: Mutex::new(()),
         }
     }
 }
 
+/// The chunk of entry `i` and its index there.
+fn locate(i: usize) -> (usize, usize) {
+    let k = (i / FIRST_CHUNK + 1).ilog2() as usize;
+    (k, i - FIRST_CHUNK * ((1 << k) - 1))
+}
+
 impl Directory {
     /// Every stream entry, in creation order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &StreamEntry> {
-        self.entries[..self.len.load(Ordering::Acquire)]
+        let len = self.len.load(Ordering::Acquire);
+        self.chunks
             .iter()
+            .map_while(OnceLock::get)
+            .flat_map(|chunk| chunk.iter())
+            .take(len)
             .filter_map(OnceLock::get)
     }
 
-    /// The entry of `stream` in pool slot `pool`, if it exists.
-    pub(crate) fn get(&self, stream: StreamId, pool: u32) -> Option<&StreamEntry> {
-        self.iter().find(|e| e.stream == stream && e.pool == pool)
+    /// Entry `i`, if it exists.
+    fn at(&self, i: usize) -> Option<&StreamEntry> {
+        let (k, j) = locate(i);
+        self.chunks.get(k)?.get()?.get(j)?.get()
     }
 
-    /// The entry of `stream` in pool slot `pool`, created with `make` when
-    /// new; `None` when the table is full.
+    /// The entry last published for `stream` in pool slot `pool`, if any
+    /// (see the module docs).
+    #[inline(always)]
+    pub(crate) fn get(&self, stream: StreamId, pool: u32) -> Option<&StreamEntry> {
+        self.iter().find(|e| e.keyed(stream, pool))
+    }
+
+    /// The entry of `stream` in pool slot `pool`: the one published for
+    /// it; else an idle entry taken over ([`StreamState::recycle`]); else
+    /// a new one, made with `make`.
     pub(crate) fn get_or_create(
         &self,
         stream: StreamId,
         pool: u32,
-        make: impl FnOnce(std::sync::Arc<RangeTable>) -> StreamState,
-    ) -> Option<&StreamEntry> {
+        make: impl FnOnce(Arc<RangeTable>) -> StreamState,
+    ) -> &StreamEntry {
+        let _guard = self.freeze();
         if let Some(e) = self.get(stream, pool) {
-            return Some(e);
+            return e;
         }
-        let _guard = self.grow.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = self.get(stream, pool) {
-            return Some(e);
+        if let Some(e) = self.iter().find(|e| e.lock().recycle(stream, pool)) {
+            e.publish(stream, pool);
+            return e;
         }
         let n = self.len.load(Ordering::Acquire);
-        let next = self.entries.get(n)?;
-        let ranges = std::sync::Arc::new(RangeTable::default());
+        let (k, j) = locate(n);
+        let chunk =
+            self.chunks[k].get_or_init(|| (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect());
+        let ranges = Arc::new(RangeTable::default());
         let state = Isolated(StreamLock::new(make(ranges.clone())));
-        let entry = next.get_or_init(|| StreamEntry {
-            stream,
-            pool,
+        let entry = chunk[j].get_or_init(|| StreamEntry {
+            stream: AtomicU64::new(stream.0),
+            pool: AtomicU32::new(pool),
             ranges,
             state,
         });
         self.len.store(n + 1, Ordering::Release);
-        Some(entry)
+        entry
     }
 
-    /// Holds off new streams while the guard lives.
+    /// Holds off new streams (and the recycling of entries) while the
+    /// guard lives.
     pub(crate) fn freeze(&self) -> MutexGuard<'_, ()> {
         self.grow.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -128,25 +187,45 @@ impl Directory {
     /// free what they allocated on their own stream), then the others in
     /// table order.
     pub(crate) fn owner_of(&self, ptr: DevicePtr) -> Option<&StreamEntry> {
-        let entries = &self.entries[..self.len.load(Ordering::Acquire)];
-        if let [only] = entries {
+        let len = self.len.load(Ordering::Acquire);
+        if len == 1 {
             // One stream (the common case): no hint to read (a thread-local
             // costs a call in a shared library, as in the PyTorch plug-in).
-            return only.get().filter(|e| e.ranges.contains(ptr));
+            return self.at(0).filter(|e| e.ranges.contains(ptr));
         }
         let me = self as *const Directory as usize;
         let (dir, hint) = LAST_OWNER.get();
-        if dir == me {
-            let hinted = entries.get(hint).and_then(OnceLock::get);
-            if let Some(e) = hinted.filter(|e| e.ranges.contains(ptr)) {
+        if dir == me && hint < len {
+            if let Some(e) = self.at(hint).filter(|e| e.ranges.contains(ptr)) {
                 return Some(e);
             }
         }
-        let (i, e) = entries
+        let (i, e) = self
             .iter()
             .enumerate()
-            .find_map(|(i, e)| e.get().filter(|e| e.ranges.contains(ptr)).map(|e| (i, e)))?;
+            .find(|(_, e)| e.ranges.contains(ptr))?;
         LAST_OWNER.set((me, i));
         Some(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_double_and_cover_every_index() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(FIRST_CHUNK - 1), (0, FIRST_CHUNK - 1));
+        assert_eq!(locate(FIRST_CHUNK), (1, 0));
+        assert_eq!(locate(3 * FIRST_CHUNK - 1), (1, 2 * FIRST_CHUNK - 1));
+        assert_eq!(locate(3 * FIRST_CHUNK), (2, 0));
+        let mut next = (0, 0);
+        for i in 0..100_000 {
+            let (k, j) = locate(i);
+            assert!(j < FIRST_CHUNK << k);
+            assert!((k, j) == next || (k, j) == (next.0 + 1, 0), "{i}");
+            next = (k, j + 1);
+        }
     }
 }

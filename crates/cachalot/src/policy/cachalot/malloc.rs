@@ -6,7 +6,6 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
 use crate::error::{check_request, Error, OomReport, Result};
 
-use super::directory::StreamEntry;
 use super::pool::ROUNDING;
 use super::CachalotAllocator;
 use crate::DeviceAllocator;
@@ -34,15 +33,14 @@ impl CachalotAllocator {
             (0, ROUNDING)
         };
         let rounded = size.div_ceil(unit) * unit;
-        let entry = self.entry(stream, pool)?;
         if !self.pages.ever_fits(rounded) {
-            return Err(self.out_of_memory(entry, size, rounded));
+            return Err(self.out_of_memory(stream, pool, size, rounded));
         }
-        let first = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
+        let first = self.on_stream(stream, pool, |st| st.malloc(&self.pages, rounded, size));
         match first {
             Ok(ptr) => Ok(ptr),
             Err(e) if !e.is_out_of_memory() => Err((*e).into()),
-            Err(_) => self.retry_malloc(entry, rounded, size),
+            Err(_) => self.retry_malloc(stream, pool, rounded, size),
         }
     }
 
@@ -55,11 +53,10 @@ impl CachalotAllocator {
         }
         let live = self.live_pool_slots();
         for entry in self.streams.iter() {
-            if live.contains(&entry.pool) {
-                self.journaled(entry, |st| st.finish_frees(&self.pages))?;
-            } else {
-                self.journaled(entry, |st| st.empty_cache(&self.pages))?;
-            }
+            self.journaled(entry, |st| match live.contains(&st.slot()) {
+                true => st.finish_frees(&self.pages),
+                false => st.empty_cache(&self.pages),
+            })?;
         }
         self.forget_empty_freeable_pools();
         Ok(self.pages.retry_orphans()?)
@@ -69,30 +66,40 @@ impl CachalotAllocator {
     /// and try once more (out of the hot path's way).
     #[cold]
     #[inline(never)]
-    fn retry_malloc(&self, entry: &StreamEntry, rounded: u64, size: u64) -> Result<DevicePtr> {
-        if entry.pool == 0 {
-            if let Some(ptr) = self.borrow_for_oom(entry.stream, rounded, size)? {
+    fn retry_malloc(
+        &self,
+        stream: StreamId,
+        pool: u32,
+        rounded: u64,
+        size: u64,
+    ) -> Result<DevicePtr> {
+        if pool == 0 {
+            if let Some(ptr) = self.borrow_for_oom(stream, rounded, size)? {
                 return Ok(ptr);
             }
         }
         if self.pages.quiet() {
-            return Err(self.out_of_memory(entry, size, rounded));
+            return Err(self.out_of_memory(stream, pool, size, rounded));
         }
-        entry.lock().ledger.retried();
+        self.on_stream(stream, pool, |st| st.ledger.retried());
         self.flush_all()?;
-        let second = self.journaled(entry, |st| st.malloc(&self.pages, rounded, size));
+        let second = self.on_stream(stream, pool, |st| st.malloc(&self.pages, rounded, size));
         match second {
             Ok(ptr) => Ok(ptr),
             // "Tried to allocate" is the block, as PyTorch reports it.
-            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(entry, size, rounded)),
+            Err(e) if e.is_out_of_memory() => Err(self.out_of_memory(stream, pool, size, rounded)),
             Err(e) => Err((*e).into()),
         }
     }
 
-    fn out_of_memory(&self, entry: &StreamEntry, requested: u64, alloc_size: u64) -> Error {
+    /// Counts an out-of-memory failure of `stream` in pool slot `pool` and
+    /// reports it.
+    fn out_of_memory(&self, stream: StreamId, pool: u32, requested: u64, alloc_size: u64) -> Error {
         let stats = self.stats();
         let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        entry.lock().ledger.out_of_memory(requested, device_free);
+        self.on_stream(stream, pool, |st| {
+            st.ledger.out_of_memory(requested, device_free);
+        });
         Error::OutOfMemory(Box::new(OomReport {
             device: self.backend.capabilities().device,
             requested,
@@ -102,7 +109,7 @@ impl CachalotAllocator {
             allocated: stats.memory_allocated(),
             reserved: stats.memory_reserved(),
             allowed: self.pages.limit(),
-            stream: entry.stream,
+            stream,
             config: self.config.source.clone(),
             policy: PolicyKind::Cachalot,
             breakdown: None,

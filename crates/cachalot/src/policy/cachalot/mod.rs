@@ -205,7 +205,7 @@ use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
-use directory::Directory;
+use directory::{Directory, StreamEntry};
 use settings::StreamConfig;
 use stats::levels::Levels;
 use stats::merge::DeviceJournal;
@@ -340,8 +340,9 @@ impl DeviceAllocator for CachalotAllocator {
             .streams
             .iter()
             .flat_map(|e| {
-                let pool_id = book.id_of(e.pool);
-                let mut segments = e.lock().snapshot(device);
+                let st = e.lock();
+                let pool_id = book.id_of(st.slot());
+                let mut segments = st.snapshot(device);
                 segments.iter_mut().for_each(|s| s.pool_id = pool_id);
                 segments
             })
@@ -409,18 +410,15 @@ impl DeviceAllocator for CachalotAllocator {
             self.book().iter().map(|(_, r)| r.slot).collect();
         let mut merged = self.journal.wait_idle(self.journal.lock());
         let _frozen = self.streams.freeze();
-        let mut locked: Vec<_> = self
-            .streams
-            .iter()
-            .map(|e| (e.stream, e.pool, e.lock()))
-            .collect();
+        let mut locked: Vec<_> = self.streams.iter().map(StreamEntry::lock).collect();
         let mut reserved = 0;
         let mut now = Levels::default();
-        for (stream, pool, st) in &mut locked {
+        for st in &mut locked {
+            let (stream, pool) = (st.stream(), st.slot());
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
             crate::ensure_invariant!(
-                *pool == 0 || pools.contains(pool) || st.reserved() == 0,
+                pool == 0 || pools.contains(&pool) || st.reserved() == 0,
                 "{stream}: a lane of forgotten private pool slot {pool} holds memory"
             );
             reserved += st.reserved();
@@ -430,7 +428,8 @@ impl DeviceAllocator for CachalotAllocator {
             // Every run taken is settled, whatever is found (a cut left in
             // flight would hold off every reader).
             let (mut cut, mut found) = (m.begin(), Ok(()));
-            for (stream, _, st) in &mut locked {
+            for st in &mut locked {
+                let stream = st.stream();
                 if let Some(run) = st.ledger.take_run(m.spare()) {
                     if found.is_ok() {
                         found = run

@@ -53,11 +53,10 @@ impl CachalotAllocator {
         let mut book = self.book();
         for id in book.freeable() {
             let Some(r) = book.get(id) else { continue };
-            let holds = self
-                .streams
-                .iter()
-                .filter(|e| e.pool == r.slot)
-                .any(|e| e.lock().reserved() > 0);
+            let holds = self.streams.iter().any(|e| {
+                let st = e.lock();
+                st.slot() == r.slot && st.reserved() > 0
+            });
             if !holds {
                 book.forget(id);
             }
@@ -75,13 +74,10 @@ impl CachalotAllocator {
     ) -> Result<Option<DevicePtr>> {
         let lenders = self.book().use_on_oom();
         for r in lenders {
-            let Some(entry) = self.streams.get(stream, r.slot) else {
-                continue;
-            };
-            match self.journaled(entry, |st| st.malloc(&self.pages, rounded, size)) {
-                Ok(ptr) => return Ok(Some(ptr)),
-                Err(e) if e.is_out_of_memory() => {}
-                Err(e) => return Err((*e).into()),
+            match self.on_existing(stream, r.slot, |st| st.malloc(&self.pages, rounded, size)) {
+                Some(Ok(ptr)) => return Ok(Some(ptr)),
+                Some(Err(e)) if !e.is_out_of_memory() => return Err((*e).into()),
+                _ => {}
             }
         }
         Ok(None)
@@ -95,8 +91,11 @@ impl CachalotAllocator {
             return Ok(());
         }
         let slot = record.slot;
-        for entry in self.streams.iter().filter(|e| e.pool == slot) {
-            self.journaled(entry, |st| st.empty_cache(&self.pages))?;
+        for entry in self.streams.iter().filter(|e| e.slot() == slot) {
+            self.journaled(entry, |st| match st.slot() == slot {
+                true => st.empty_cache(&self.pages),
+                false => Ok(()),
+            })?;
         }
         self.forget_empty_freeable_pools();
         Ok(self.pages.retry_orphans()?)
@@ -120,12 +119,11 @@ impl CachalotAllocator {
             self.free(*ptr)?;
         }
         for a in live {
-            let restored = match self.streams.get(a.stream, slot) {
-                Some(entry) => {
-                    self.journaled(entry, |st| st.allocate_at(a.ptr, a.size, a.requested))
-                }
-                None => Err(format!("the pool has no memory of stream {}", a.stream)),
-            };
+            let restored = self
+                .on_existing(a.stream, slot, |st| {
+                    st.allocate_at(a.ptr, a.size, a.requested)
+                })
+                .unwrap_or_else(|| Err(format!("the pool has no memory of stream {}", a.stream)));
             restored.map_err(|why| {
                 Error::InvalidArgument(format!("cannot restore the pool's allocation: {why}"))
             })?;
@@ -140,8 +138,13 @@ impl CachalotAllocator {
         let mut live: Vec<PoolAllocation> = self
             .streams
             .iter()
-            .filter(|e| e.pool == slot)
-            .flat_map(|e| e.lock().snapshot(device))
+            .flat_map(|e| {
+                let st = e.lock();
+                match st.slot() == slot {
+                    true => st.snapshot(device),
+                    false => Vec::new(),
+                }
+            })
             .flat_map(|s| {
                 let stream = s.stream;
                 s.blocks.into_iter().map(move |b| (stream, b))

@@ -6,37 +6,62 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::error::{Error, FreeError, Result};
 use crate::stats::MemoryStats;
 
-use super::directory::{StreamEntry, MAX_STREAMS};
+use super::directory::StreamEntry;
 use super::stats::journal::Fill;
 use super::stats::ledger::Ledger;
 use super::stream::StreamState;
 use super::CachalotAllocator;
 
 impl CachalotAllocator {
-    pub(super) fn entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
-        match self.streams.get(stream, pool) {
-            Some(entry) => Ok(entry),
-            None => self.new_entry(stream, pool),
+    /// Runs `f` under the lock of the state of `stream` in pool slot
+    /// `pool` (made at the stream's first use), journaled. An entry found
+    /// for it that was taken over by another stream meanwhile (`directory`)
+    /// is looked for again.
+    #[inline(always)]
+    pub(super) fn on_stream<T>(
+        &self,
+        stream: StreamId,
+        pool: u32,
+        mut f: impl FnMut(&mut StreamState) -> T,
+    ) -> T {
+        loop {
+            let entry = match self.streams.get(stream, pool) {
+                Some(entry) => entry,
+                None => self.new_entry(stream, pool),
+            };
+            if let Some(out) = self.journaled(entry, |st| st.is(stream, pool).then(|| f(st))) {
+                return out;
+            }
         }
     }
 
-    /// The entry of a stream seen for the first time (built out of the hot
-    /// path's way: a stream's state is kilobytes).
+    /// [`CachalotAllocator::on_stream`] when the state of `stream` in pool
+    /// slot `pool` exists; `None` (and `f` not run) otherwise.
+    pub(super) fn on_existing<T>(
+        &self,
+        stream: StreamId,
+        pool: u32,
+        f: impl FnOnce(&mut StreamState) -> T,
+    ) -> Option<T> {
+        let entry = self.streams.get(stream, pool)?;
+        self.journaled(entry, |st| st.is(stream, pool).then(|| f(st)))
+    }
+
+    /// The entry of a stream seen for the first time: an idle one taken
+    /// over, or a new one (built out of the hot path's way: a stream's
+    /// state is kilobytes).
     #[cold]
     #[inline(never)]
-    fn new_entry(&self, stream: StreamId, pool: u32) -> Result<&StreamEntry> {
+    fn new_entry(&self, stream: StreamId, pool: u32) -> &StreamEntry {
         // Streams are created one at a time, under the merge state's lock.
         let mut merged = self.journal.lock();
-        if let Some(entry) = self.streams.get(stream, pool) {
-            return Ok(entry);
-        }
-        if merged.is_none() {
-            if let Some(only) = self.streams.iter().next() {
-                only.lock().ledger.start_merging(&self.journal, &mut merged);
-            }
-        }
-        let several = merged.is_some();
         let make = |ranges| {
+            // A second entry: the device's peaks are merged from now on.
+            if merged.is_none() {
+                if let Some(only) = self.streams.iter().next() {
+                    only.lock().ledger.start_merging(&self.journal, &mut merged);
+                }
+            }
             let mut ledger = Ledger::new(
                 MemoryStats::new(self.config.max_split_size),
                 stream,
@@ -48,18 +73,12 @@ impl CachalotAllocator {
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
             );
-            if several {
+            if merged.is_some() {
                 ledger.keep_journal(&self.journal);
             }
-            StreamState::new(stream, ledger, self.stream_config, ranges, pool != 0)
+            StreamState::new(stream, ledger, self.stream_config, ranges, pool)
         };
-        self.streams
-            .get_or_create(stream, pool, make)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                "more than {MAX_STREAMS} streams (counting each private pool's apart) on one device"
-            ))
-            })
+        self.streams.get_or_create(stream, pool, make)
     }
 
     /// Runs `f` under the lock of the stream owning `ptr`: the stream whose
@@ -119,5 +138,72 @@ impl CachalotAllocator {
             self.merge_when_full(fill);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::backend::sim::SimBackend;
+    use crate::private_pool::PoolId;
+    use crate::{AllocatorConfig, DeviceAllocator};
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Streams that come and go (a server's per-request streams, a private
+    /// pool per capture) take over the entries of those that emptied: the
+    /// table holds as many entries as streams hold memory at once.
+    #[test]
+    fn emptied_streams_and_lanes_are_taken_over() {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let alloc = CachalotAllocator::new(sim.clone(), AllocatorConfig::default()).unwrap();
+        let held = alloc.malloc(MIB, StreamId(0)).unwrap();
+        for s in 1..2000 {
+            let p = alloc.malloc(3 * MIB, StreamId(s)).unwrap();
+            alloc.free(p).unwrap();
+            alloc.empty_cache().unwrap();
+        }
+        assert_eq!(alloc.streams.iter().count(), 2, "stream 0 and one other");
+        for k in 0..500 {
+            let pool = PoolId(1, k);
+            alloc
+                .begin_allocate_to_pool(pool, Arc::new(|_| true))
+                .unwrap();
+            let p = alloc.malloc(3 * MIB, StreamId(7)).unwrap();
+            alloc.end_allocate_to_pool(pool).unwrap();
+            alloc.free(p).unwrap();
+            alloc.release_pool(pool).unwrap();
+            alloc.empty_cache().unwrap();
+        }
+        assert_eq!(alloc.streams.iter().count(), 2);
+        alloc.validate().unwrap();
+        alloc.free(held).unwrap();
+        assert_eq!(alloc.stats().allocated_bytes.all.peak as u64, 4 * MIB);
+        alloc.empty_cache().unwrap();
+        assert_eq!(sim.live_objects(), 0);
+    }
+
+    /// An entry taken over by another stream after it was found (without
+    /// a lock) is found out under the lock, and the operation goes to the
+    /// stream's own state.
+    #[test]
+    fn an_entry_taken_over_meanwhile_is_looked_for_again() {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let alloc = CachalotAllocator::new(sim, AllocatorConfig::default()).unwrap();
+        let (a, b) = (StreamId(1), StreamId(2));
+        alloc.on_stream(a, 0, |_| ());
+        let stale = alloc.streams.get(a, 0).unwrap();
+        let taken = alloc
+            .streams
+            .get_or_create(b, 0, |_| unreachable!("a's empty entry is taken over"));
+        assert!(std::ptr::eq(taken, stale), "empty: taken over by b");
+        let ran = alloc.journaled(stale, |st| st.is(a, 0));
+        assert!(!ran, "the stale entry is b's now");
+        let on = alloc.on_stream(a, 0, |st| st.stream());
+        assert_eq!(on, a);
+        alloc.validate().unwrap();
     }
 }

@@ -60,6 +60,12 @@ impl Ledger {
         }
     }
 
+    /// Records events for `stream` from now on (the state was taken over,
+    /// see `StreamState::recycle`).
+    pub(crate) fn set_stream(&mut self, stream: StreamId) {
+        self.stream = stream;
+    }
+
     /// The statistics of this stream's pools.
     pub(crate) fn stats(&self) -> MemoryStats {
         self.figures.stats()

@@ -244,7 +244,7 @@ impl StreamState {
         if let Some(keep) = self
             .config
             .threshold
-            .filter(|_| !self.private && !pages.quiet())
+            .filter(|_| !self.private() && !pages.quiet())
         {
             self.keep_under(pages, p, keep);
         }

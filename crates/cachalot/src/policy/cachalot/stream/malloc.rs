@@ -206,7 +206,7 @@ impl StreamState {
             Some(place) => place,
             None => {
                 // A private pool's idle segments stay: a graph may replay there.
-                let may_release = !self.private && !pages.quiet();
+                let may_release = !self.private() && !pages.quiet();
                 if may_release && self.over_budget(size) {
                     self.release_cached(pages, 0)?;
                 }

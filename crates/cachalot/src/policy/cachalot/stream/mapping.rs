@@ -324,7 +324,7 @@ impl StreamState {
     /// it captured), nor while a route to a private pool is open (re-mapping
     /// waits for the stream).
     fn may_steal(&self, pages: &Pages) -> bool {
-        !self.private && !pages.quiet()
+        !self.private() && !pages.quiet()
     }
 
     /// Whether the stream may grow by `n` pages within its budget, once the

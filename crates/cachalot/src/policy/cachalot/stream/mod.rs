@@ -58,9 +58,10 @@ pub(crate) struct StreamState {
     unsynced: bool,
     config: StreamConfig,
     ranges: Arc<RangeTable>,
-    /// A lane of a private pool: its pages are never re-mapped (a graph
-    /// replays at the addresses it captured, freed blocks included).
-    private: bool,
+    /// The private pool's slot (0: the default pools). A lane of a private
+    /// pool never re-maps its pages (a graph replays at the addresses it
+    /// captured, freed blocks included).
+    slot: u32,
 }
 
 impl StreamState {
@@ -70,7 +71,7 @@ impl StreamState {
         ledger: Ledger,
         config: StreamConfig,
         ranges: Arc<RangeTable>,
-        private: bool,
+        slot: u32,
     ) -> StreamState {
         StreamState {
             stream,
@@ -87,8 +88,51 @@ impl StreamState {
             unsynced: false,
             config,
             ranges,
-            private,
+            slot,
         }
+    }
+
+    /// Whether this is the state of `stream` in pool slot `slot`.
+    #[inline(always)]
+    pub(crate) fn is(&self, stream: StreamId, slot: u32) -> bool {
+        self.stream == stream && self.slot == slot
+    }
+
+    /// The stream.
+    pub(crate) fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// The private pool's slot (0: the default pools).
+    pub(crate) fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Whether this is a lane of a private pool.
+    fn private(&self) -> bool {
+        self.slot != 0
+    }
+
+    /// Takes the state over for `stream` in pool slot `slot` if it holds
+    /// nothing: no block (allocated, waiting or kept), no page or segment,
+    /// no free waiting for another stream. Its reserved ranges (empty) stay
+    /// and serve the new stream; its statistics go on (the device's figures
+    /// are sums over states), its page history starts afresh. Whether it
+    /// was taken over.
+    pub(crate) fn recycle(&mut self, stream: StreamId, slot: u32) -> bool {
+        let holds = self.reserved() > 0
+            || !self.pending.is_empty()
+            || self.pools.iter().any(|p| p.heap.live_count() > 0);
+        if holds {
+            return false;
+        }
+        self.stream = stream;
+        self.slot = slot;
+        self.recorded.clear();
+        self.unsynced = false;
+        self.ledger.set_stream(stream);
+        self.start_afresh();
+        true
     }
 
     /// Waits for the work queued on the stream when blocks were freed since it
