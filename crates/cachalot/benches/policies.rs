@@ -24,8 +24,7 @@ use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, Criterion, SamplingMode, Throughput};
 
-#[path = "../tests/support/trace.rs"]
-mod trace;
+use cachalot_testkit::trace;
 
 /// A trace with recorded addresses turned into slot indices, so the replay loop
 /// costs an index, not a hash lookup.

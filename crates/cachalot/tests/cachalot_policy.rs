@@ -11,8 +11,7 @@ use cachalot::backend::CallKind;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
 
-mod support;
-use support::device::TestDevice;
+use cachalot_testkit::device::TestDevice;
 
 const MIB: u64 = 1 << 20;
 

@@ -3,16 +3,14 @@
 //! calls of one handle per page, driver calls rare once the training loop is
 //! steady, and none once a trace is replayed a few times on a warm allocator.
 
-mod support;
-
 use std::sync::Arc;
 
 use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator};
-use support::lcg::Lcg;
-use support::trace::{self, Outcome};
+use cachalot_testkit::lcg::Lcg;
+use cachalot_testkit::trace::{self, Outcome};
 
 /// A cachalot allocator configured by `conf` on a simulated H100 (the
 /// capacity the traces were recorded on), with or without virtual memory.

@@ -1,12 +1,11 @@
 //! The conformance suite, run against every backend and policy configuration.
 
-mod common;
-
 use std::sync::Arc;
 
 use cachalot::allocator::create;
 use cachalot::backend::sim::SimBackend;
 use cachalot::{AllocatorConfig, DeviceAllocator};
+use cachalot_testkit::conformance_suite;
 
 fn sim(virtual_memory: bool, conf: &str) -> Arc<dyn DeviceAllocator> {
     let backend = Arc::new(SimBackend::with_options(8 << 30, virtual_memory));

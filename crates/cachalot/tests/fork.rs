@@ -3,18 +3,16 @@
 //! its statistics come back at once with the exact peaks, and it validates.
 //! Alone in its test binary, so that no other test's threads are forked.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cachalot::backend::sim::SimBackend;
 use cachalot::policy::cachalot::CachalotAllocator;
 use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
+use cachalot_testkit::lcg::Lcg;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
-use support::lcg::Lcg;
 
 /// Live blocks (address, bytes) and the bytes allocated now and at most.
 #[derive(Default)]
@@ -29,7 +27,7 @@ struct Model {
 fn churn(alloc: &CachalotAllocator, model: &mut Model, seed: u64, steps: u64) {
     let mut rng = Lcg(seed);
     for _ in 0..steps {
-        let r = rng.next();
+        let r = rng.draw();
         if model.live.len() < 16 && r.is_multiple_of(2) {
             let size = 512 * (1 + (r >> 2) % 4096);
             let ptr = alloc.malloc(size, StreamId((r >> 1) % 2)).expect("fits");

@@ -4,8 +4,6 @@
 //! still has work queued on the block. Each test prints "skipped: no GPU (...)" and
 //! passes where no GPU is present.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,7 +12,7 @@ use std::time::Duration;
 use cachalot::backend::cuda::CudaBackend;
 use cachalot::backend::{Backend, StreamId};
 use cachalot::{allocator, golden, AllocatorConfig, PolicyKind};
-use support::lcg::Lcg;
+use cachalot_testkit::lcg::Lcg;
 
 fn gpu() -> Option<Arc<CudaBackend>> {
     match CudaBackend::new(0) {

@@ -3,8 +3,6 @@
 //! prints "skipped: no GPU (...)" and runs on the simulated device instead, so CI
 //! still compiles and exercises this file.
 
-mod common;
-
 use std::sync::Arc;
 
 use cachalot::allocator::create;
@@ -12,13 +10,14 @@ use cachalot::backend::cuda::CudaBackend;
 use cachalot::backend::sim::SimBackend;
 use cachalot::backend::Backend;
 use cachalot::{AllocatorConfig, DeviceAllocator};
+use cachalot_testkit::conformance_suite;
 
 fn gpu(conf: &str) -> Arc<dyn DeviceAllocator> {
     let config = AllocatorConfig::parse(conf).expect("conf");
     let backend: Arc<dyn Backend> = match CudaBackend::new(0) {
         Ok(gpu) => {
             let side = gpu.create_stream().expect("stream");
-            common::conformance::set_side_stream(side);
+            cachalot_testkit::conformance::set_side_stream(side);
             Arc::new(gpu)
         }
         Err(e) => {

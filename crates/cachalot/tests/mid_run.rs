@@ -11,8 +11,6 @@
 //!   never freed are not in it, and the replay ends with the whole replay's
 //!   allocations less exactly those.
 
-mod support;
-
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,7 +20,7 @@ use cachalot::replay::{self, Device, Plan, RecordedDevice, Workload};
 use cachalot::snapshot_io::{pickle, SnapshotDump};
 use cachalot::stats::MemoryStats;
 use cachalot::trace::{read_recording, ReadLimits, Recording};
-use support::recordings::recordings;
+use cachalot_testkit::recordings::recordings;
 
 /// The allocations an allocator holds: (count, requested, allocated bytes).
 fn held(stats: &MemoryStats) -> (i64, i64, i64) {

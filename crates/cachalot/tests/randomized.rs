@@ -9,8 +9,7 @@ use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
 use cachalot::{AllocatorConfig, Error, StreamId};
 
-mod support;
-use support::device::TestDevice;
+use cachalot_testkit::device::TestDevice;
 
 /// splitmix64: a tiny deterministic generator.
 struct Rng(u64);

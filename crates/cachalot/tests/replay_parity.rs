@@ -3,14 +3,12 @@
 //! PyTorch's recorded peak reserved and peak requested bytes, its number of device
 //! allocations, and the same device segment sizes in the same order.
 
-mod support;
-
 use std::path::Path;
 
 use cachalot::replay::{plan, replay, ReplayReport, Workload};
 use cachalot::trace::ReadLimits;
 use cachalot::AllocatorConfig;
-use support::recordings::recordings;
+use cachalot_testkit::recordings::recordings;
 
 /// Replays one recording and returns every mismatch with PyTorch's numbers.
 fn mismatches(path: &Path) -> Vec<String> {

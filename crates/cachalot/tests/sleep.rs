@@ -17,8 +17,7 @@ use cachalot::private_pool::{PoolId, SegmentSource};
 use cachalot::sleep::{Backup, SleepError, WhenBusy};
 use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
 
-mod support;
-use support::device::TestDevice;
+use cachalot_testkit::device::TestDevice;
 
 const MIB: u64 = 1 << 20;
 const TAG: PoolId = PoolId(0, 7);

@@ -1,12 +1,10 @@
 //! The readers on every bundled recording: each file reads, and a snapshot's events
 //! are exactly those of the trace CSV recorded in the same run.
 
-mod support;
-
 use std::path::PathBuf;
 
 use cachalot::trace::{read_recording_path, stats::read_stats_path, ReadLimits};
-use support::recordings::recordings;
+use cachalot_testkit::recordings::recordings;
 
 #[test]
 fn every_trace_and_stats_file_reads() {

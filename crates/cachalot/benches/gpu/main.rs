@@ -26,8 +26,6 @@
 //! policy's thread scaling on the simulated device (shared, and an allocator
 //! per thread), writing those two tables to `--out`.
 
-#[path = "../../tests/support/lcg.rs"]
-mod lcg;
 mod ops;
 
 use std::collections::BTreeMap;
@@ -44,7 +42,7 @@ use cachalot::backend::{Backend, StreamId};
 use cachalot::{allocator, AllocatorConfig, DeviceAllocator, PolicyKind};
 use serde_json::{json, Value};
 
-use lcg::Lcg;
+use cachalot_testkit::lcg::Lcg;
 use ops::{Op, OpList, PATTERN_SIZES, PATTERN_SLOTS};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
@@ -229,7 +227,7 @@ fn run_pattern(
 ) -> BoxResult<u64> {
     let mut done = 0;
     for _ in 0..steps {
-        let r = lcg.next();
+        let r = lcg.draw();
         let slot = (r % PATTERN_SLOTS) as usize;
         if live[slot] != 0 {
             alloc.free(live[slot])?;

@@ -89,7 +89,7 @@ impl OpList {
 }
 
 /// The threaded pattern, identical to the C++ one in scripts/gpu/native_alloc.cpp:
-/// 32 slots; each step draws from the tests' LCG (`tests/support/lcg.rs`, the
+/// 32 slots; each step draws from the tests' LCG (`cachalot_testkit::lcg`, the
 /// same as the C++ one), frees the slot's allocation if any and
 /// allocates a size from a fixed mix of small and large sizes.
 pub const PATTERN_SIZES: [u64; 8] = [

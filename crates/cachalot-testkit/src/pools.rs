@@ -14,7 +14,7 @@ const MEMPOOL: PoolId = PoolId(0, 1);
 
 /// The side stream (one of the device's own on a real GPU).
 fn s1() -> StreamId {
-    super::conformance::side_stream()
+    crate::conformance::side_stream()
 }
 
 fn valid(a: &dyn DeviceAllocator) {

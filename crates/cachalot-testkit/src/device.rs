@@ -1,8 +1,6 @@
 //! A simulated device under the adaptors the failure tests drive: injected
 //! faults over a movable memory limit over a call count.
 
-#![allow(dead_code)]
-
 use std::sync::Arc;
 
 use cachalot::backend::counting::Counting;

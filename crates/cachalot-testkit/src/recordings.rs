@@ -1,11 +1,9 @@
 //! The bundled recordings in `data/traces`, for the tests that read or replay
 //! every one of them.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 
-use super::trace::traces_dir;
+use crate::trace::traces_dir;
 
 /// The files of `data/traces` whose names end in `suffix`, sorted by path.
 pub fn recordings(suffix: &str) -> Vec<PathBuf> {

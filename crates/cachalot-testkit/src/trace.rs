@@ -1,8 +1,6 @@
 //! A tiny reader and replayer of recorded PyTorch trace CSVs, for the policy's
 //! trace tests and benches (the full replay engine lives elsewhere).
 
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
