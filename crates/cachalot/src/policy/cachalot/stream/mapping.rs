@@ -303,7 +303,10 @@ impl StreamState {
         n: u32,
         keep: &Range<u32>,
     ) -> BackendResult<Option<PageHandle>> {
-        if n < 2 || (self.may_steal(pages) && !self.make_room(pages, p, u64::from(n), keep)?) {
+        if n < 2
+            || !pages.extent_fits(n)
+            || (self.may_steal(pages) && !self.make_room(pages, p, u64::from(n), keep)?)
+        {
             return Ok(None);
         }
         match pages.create_pages(n) {

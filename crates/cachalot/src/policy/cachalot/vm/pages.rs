@@ -10,6 +10,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
 
+/// Multi-page handles are made only while the device (or the limit) stays
+/// at most 1/N full with them: under pressure a handle a live block still
+/// touches holds all its pages (tests/pressure.rs: at 1/8 the llama and
+/// DDP GPT-2 recordings needed 20 to 22 MiB more than expandable segments).
+const EXTENT_MARGIN: u64 = 2;
 /// What device segments are rounded up to, without virtual memory (the
 /// small pool's segment size).
 pub(crate) const SEGMENT_UNIT: u64 = 2 << 20;
@@ -103,6 +108,16 @@ impl Pages {
     /// could not is refused before any driver call.
     pub(crate) fn ever_fits(&self, bytes: u64) -> bool {
         bytes <= self.most.load(Ordering::Relaxed)
+    }
+
+    /// Whether a handle of `n` pages keeps the device at most half full
+    /// ([`EXTENT_MARGIN`]). A handle maps and goes back only whole, so one a
+    /// live block still touches holds all its pages: past half the device,
+    /// pages come one by one (Note [Extents] in docs/cachalot-policy.md).
+    pub(crate) fn extent_fits(&self, n: u32) -> bool {
+        let most = self.most.load(Ordering::Relaxed);
+        let bytes = u64::from(n).saturating_mul(self.granularity());
+        self.held().saturating_add(bytes) <= most - most / EXTENT_MARGIN
     }
 
     /// The byte limit, if any.
