@@ -287,22 +287,24 @@ STATS_CONFS = ["", "max_split_size_mb:64", "roundup_power2_divisions:4"]
 @pytest.fixture(scope="module")
 def stats_runs(request):
     """Every configuration's program on both allocators, one process after
-    another: `{(conf, who): CompletedProcess}`. Not side by side: with six
-    processes on the GPU at once, PyTorch's own allocator once split a block
-    differently (inactive_split 7 against 6 at seed 2, step 135, under
-    roundup_power2_divisions:4) where, run alone, it matches itself and the
-    pytorch policy in every figure."""
+    another, native twice: `{(conf, who): CompletedProcess}`. Not side by
+    side: with six processes on the GPU at once, PyTorch's own allocator once
+    split a block differently (inactive_split 7 against 6 at seed 2, step
+    135, under roundup_power2_divisions:4). Run alone it did so too, once in
+    three runs: among free blocks of one size it takes the lowest address,
+    and the addresses are the driver's, which need not repeat from one
+    process to the next. Its second run tells where it reproduces itself."""
     if not request.config.cachalot_gpu:
         pytest.skip("skipped: no GPU (or no torch): the drop-in allocator needs a CUDA device")
     if cachalot_torch.config()["policy"] != "pytorch":
         pytest.skip("the pytorch policy's statistics are the ones that match native")
     runs = {}
     for conf in STATS_CONFS:
-        for who in ("native", "cachalot"):
+        for who in ("native", "native2", "cachalot"):
             env = dict(os.environ)
             env.pop("CACHALOT_ALLOC_CONF", None)
             env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-            if who == "native" and conf:
+            if who.startswith("native") and conf:
                 env["PYTORCH_CUDA_ALLOC_CONF"] = conf
             cl_conf = f"policy:pytorch,{conf}" if conf else "policy:pytorch"
             args = [sys.executable, "-c", STATS_PROGRAM, who, "0,1,2", cl_conf if who == "cachalot" else conf]
@@ -317,8 +319,18 @@ def _stats_of(run):
 
 @pytest.mark.parametrize("conf", STATS_CONFS)
 def test_pytorch_policy_stats_equal_native(stats_runs, conf):
-    native, cachalot = _stats_of(stats_runs[conf, "native"]), _stats_of(stats_runs[conf, "cachalot"])
-    assert len(native) == len(cachalot) == 1200
-    for step, (n, c) in enumerate(zip(native, cachalot)):
-        diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
-        assert not diff, f"seed {step // 400} step {step % 400}: {diff}"
+    """Every figure equal at every step where PyTorch's allocator reproduces
+    itself: in each seed, up to the first step where its two runs differ
+    (most of the 1,200 steps, or the test fails)."""
+    native, again, cachalot = (_stats_of(stats_runs[conf, who]) for who in ("native", "native2", "cachalot"))
+    assert len(native) == len(again) == len(cachalot) == 1200
+    compared = 0
+    for seed in range(3):
+        for step in range(seed * 400, (seed + 1) * 400):
+            n, c = native[step], cachalot[step]
+            if n != again[step]:
+                break  # native does not reproduce itself from here in this seed
+            diff = {k: (n[k], c.get(k)) for k in n if n[k] != c.get(k)}
+            assert not diff, f"seed {seed} step {step % 400}: {diff}"
+            compared += 1
+    assert compared >= 900, f"native reproduced itself in only {compared} of 1200 steps"
