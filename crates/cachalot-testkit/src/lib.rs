@@ -1,6 +1,8 @@
 //! What the `cachalot` crate's integration tests and benches share, in one
 //! place: the conformance suite every backend and policy must pass
-//! ([`conformance`], [`pools`], [`conformance_suite!`]), test devices with
+//! ([`conformance`], [`pools`], [`conformance_suite!`]), the backend
+//! contract every backend and adaptor stack keeps ([`backend`],
+//! [`backend_suite!`]), test devices with
 //! counting, fault and limit adaptors ([`device`]), a seeded generator
 //! ([`lcg`]), the bundled recordings ([`recordings`]) and a small reader
 //! and replayer of recorded traces ([`trace`]).
@@ -12,6 +14,7 @@
 //! `tests/conformance.rs`:
 //! `conformance_suite!(name, || -> Arc<dyn DeviceAllocator> { ... });`
 
+pub mod backend;
 pub mod conformance;
 pub mod device;
 pub mod lcg;
