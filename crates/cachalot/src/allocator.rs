@@ -14,7 +14,7 @@ use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{InvariantViolation, OomBreakdown, Result};
 use crate::event::Observer;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
-use crate::sleep::{Backup, SleepError, SleepReport, TagState, WhenBusy};
+use crate::sleep::{Backup, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
@@ -22,8 +22,10 @@ use crate::stats::MemoryStats;
 /// between.
 pub use crate::policy::create;
 
-/// A caching allocator for one device.
-pub trait DeviceAllocator: Send + Sync + fmt::Debug {
+/// A caching allocator for one device: allocation, frees, statistics,
+/// snapshots; its private pools ([`PrivatePools`]) and tags ([`Tags`]) are
+/// extension traits it requires, in scope where their methods are called.
+pub trait DeviceAllocator: PrivatePools + Tags + Send + Sync + fmt::Debug {
     /// The policy this allocator implements.
     fn policy(&self) -> PolicyKind;
 
@@ -99,157 +101,6 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
         OomBreakdown::from_snapshot(&self.snapshot())
     }
 
-    /// Creates private pool `id` with a use count of 1, or adds a use to it
-    /// (PyTorch's `createOrIncrefPool`: a `MemPool`, or a second graph sharing
-    /// a pool).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
-    /// [`PoolId::DEFAULT`].
-    fn create_pool(&self, id: PoolId) -> Result<()>;
-
-    /// Sets private pool `id`'s options (`MemPool`'s `use_on_oom`, `no_split`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
-    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
-
-    /// Makes `source` give private pool `id`'s new segments
-    /// (`torch.cuda.MemPool(allocator=...)`); its segments never grow by
-    /// mapping pages.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool, or from a policy that serves private pools from its own memory
-    /// only (the cachalot policy: its pools are mapped pages).
-    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
-        let _ = (id, source);
-        Err(crate::Error::InvalidArgument(format!(
-            "the {} policy serves private pools from its own memory only",
-            self.policy()
-        )))
-    }
-
-    /// Private pool `id`'s options.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
-    fn pool_options(&self, id: PoolId) -> Result<PoolOptions>;
-
-    /// Sends the requests whose stream `filter` accepts to private pool `id`
-    /// (created, or given one more use) until [`DeviceAllocator::end_allocate_to_pool`].
-    /// While any route is open, cross-stream frees wait and the cache is not
-    /// flushed on a miss, as during a CUDA graph capture.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
-    /// [`PoolId::DEFAULT`].
-    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()>;
-
-    /// Closes the newest route to private pool `id` (its use stays until
-    /// [`DeviceAllocator::release_pool`]).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no route
-    /// to `id` is open.
-    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()>;
-
-    /// Takes one use off private pool `id`. At zero the pool is freeable: its
-    /// cached memory goes back at the next `empty_cache`, and the pool is
-    /// forgotten once it holds none.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool or one with no use left.
-    fn release_pool(&self, id: PoolId) -> Result<()>;
-
-    /// Private pool `id`'s use count (0 for a pool this device does not know).
-    fn pool_use_count(&self, id: PoolId) -> u32;
-
-    /// Returns private pool `id`'s cached memory to the device if the pool is
-    /// freeable (PyTorch's `emptyCache(pool)`); a pool in use keeps it.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool; [`Error::Backend`](crate::Error::Backend) when the device fails.
-    fn empty_pool_cache(&self, id: PoolId) -> Result<()>;
-
-    /// Private pool `id`'s live allocations, by address. Frees deferred by a
-    /// route that has closed get their events first (as PyTorch's
-    /// `getCheckpointState`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
-    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>>;
-
-    /// Puts private pool `id` back as a checkpoint found it: frees every live
-    /// allocation of the pool, then allocates each of `live` again at its
-    /// address (PyTorch's `setCheckpointPoolState`). Returns the addresses
-    /// freed.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool, or when an allocation of `live` is not free memory of the pool
-    /// once its allocations are freed (the frees stay done).
-    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
-
-    /// Makes private pool `id` a tag ([`crate::sleep`]): its segments come
-    /// from pages cachalot maps, which [`DeviceAllocator::pause_tag`] gives
-    /// back and [`DeviceAllocator::resume_tag`] brings back at the same
-    /// addresses, its allocations' bytes copied to host memory and back with
-    /// [`Backup::Host`]. Making a tag again with the same backup does nothing.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool; [`Error::Sleep`](crate::Error::Sleep) for a pool holding memory
-    /// already, one with an allocator of its own, a tag with another backup,
-    /// a device without virtual memory, or a policy that cannot pause (the
-    /// default: [`SleepError::Unsupported`]).
-    fn make_tag(&self, id: PoolId, backup: Backup) -> Result<()> {
-        let _ = (id, backup);
-        Err(no_sleep(self.policy()))
-    }
-
-    /// Pauses tag `id`: after making sure no queued work uses its memory
-    /// (`when_busy`), gives its wholly free cached segments back for good,
-    /// copies its allocations to host memory if it keeps a backup, then gives
-    /// the pages of every segment back to the device. Its allocations keep
-    /// their addresses; a request routed to it is refused until
-    /// [`DeviceAllocator::resume_tag`].
-    ///
-    /// # Errors
-    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, paused already, a
-    /// route into it open, work still queued ([`WhenBusy::Refuse`]), or the
-    /// device failing part-way ([`SleepError::Partial`]: resume it);
-    /// [`Error::Backend`](crate::Error::Backend) when the device fails before
-    /// anything was given back.
-    fn pause_tag(&self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport> {
-        let _ = (id, when_busy);
-        Err(no_sleep(self.policy()))
-    }
-
-    /// Resumes paused tag `id`: new pages at the same addresses, the backup
-    /// copied back. When the device has no room it releases the cache of the
-    /// default pools and tries again.
-    ///
-    /// # Errors
-    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, not paused, or the
-    /// device failing part-way ([`SleepError::Partial`], out of memory
-    /// included: free memory and resume again).
-    fn resume_tag(&self, id: PoolId) -> Result<SleepReport> {
-        let _ = id;
-        Err(no_sleep(self.policy()))
-    }
-
-    /// Where tag `id` stands.
-    ///
-    /// # Errors
-    /// As [`DeviceAllocator::pause_tag`] for a pool that is not a tag.
-    fn tag_state(&self, id: PoolId) -> Result<TagState> {
-        let _ = id;
-        Err(no_sleep(self.policy()))
-    }
-
     /// Tells the allocator PyTorch's hash of `stream`
     /// (`std::hash<c10::cuda::CUDAStream>`). PyTorch walks its tables of
     /// streams in an order that hash decides; the `pytorch` policy walks its
@@ -306,7 +157,142 @@ pub trait DeviceAllocator: Send + Sync + fmt::Debug {
     }
 }
 
-/// The error of a tag call on a policy that cannot pause memory.
-fn no_sleep(policy: PolicyKind) -> crate::Error {
-    SleepError::Unsupported { policy }.into()
+/// Private pools (PyTorch's `MemPool` and CUDA-graph pools): a
+/// [`DeviceAllocator`]'s requests routed to pools of their own.
+pub trait PrivatePools {
+    /// Creates private pool `id` with a use count of 1, or adds a use to it
+    /// (PyTorch's `createOrIncrefPool`: a `MemPool`, or a second graph sharing
+    /// a pool).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// [`PoolId::DEFAULT`].
+    fn create_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Sets private pool `id`'s options (`MemPool`'s `use_on_oom`, `no_split`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()>;
+
+    /// Makes `source` give private pool `id`'s new segments
+    /// (`torch.cuda.MemPool(allocator=...)`); its segments never grow by
+    /// mapping pages.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool, or from a policy that serves private pools from its own memory
+    /// only (the cachalot policy: its pools are mapped pages).
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()>;
+
+    /// Private pool `id`'s options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn pool_options(&self, id: PoolId) -> Result<PoolOptions>;
+
+    /// Sends the requests whose stream `filter` accepts to private pool `id`
+    /// (created, or given one more use) until [`PrivatePools::end_allocate_to_pool`].
+    /// While any route is open, cross-stream frees wait and the cache is not
+    /// flushed on a miss, as during a CUDA graph capture.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// [`PoolId::DEFAULT`].
+    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()>;
+
+    /// Closes the newest route to private pool `id` (its use stays until
+    /// [`PrivatePools::release_pool`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no route
+    /// to `id` is open.
+    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Takes one use off private pool `id`. At zero the pool is freeable: its
+    /// cached memory goes back at the next `empty_cache`, and the pool is
+    /// forgotten once it holds none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool or one with no use left.
+    fn release_pool(&self, id: PoolId) -> Result<()>;
+
+    /// Private pool `id`'s use count (0 for a pool this device does not know).
+    fn pool_use_count(&self, id: PoolId) -> u32;
+
+    /// Returns private pool `id`'s cached memory to the device if the pool is
+    /// freeable (PyTorch's `emptyCache(pool)`); a pool in use keeps it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool; [`Error::Backend`](crate::Error::Backend) when the device fails.
+    fn empty_pool_cache(&self, id: PoolId) -> Result<()>;
+
+    /// Private pool `id`'s live allocations, by address. Frees deferred by a
+    /// route that has closed get their events first (as PyTorch's
+    /// `getCheckpointState`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown pool.
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>>;
+
+    /// Puts private pool `id` back as a checkpoint found it: frees every live
+    /// allocation of the pool, then allocates each of `live` again at its
+    /// address (PyTorch's `setCheckpointPoolState`). Returns the addresses
+    /// freed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool, or when an allocation of `live` is not free memory of the pool
+    /// once its allocations are freed (the frees stay done).
+    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>>;
+}
+
+/// Tags ([`crate::sleep`]): private pools whose memory sleeps and wakes.
+pub trait Tags {
+    /// Makes private pool `id` a tag ([`crate::sleep`]): its segments come
+    /// from pages cachalot maps, which [`Tags::pause_tag`] gives
+    /// back and [`Tags::resume_tag`] brings back at the same
+    /// addresses, its allocations' bytes copied to host memory and back with
+    /// [`Backup::Host`]. Making a tag again with the same backup does nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
+    /// pool; [`Error::Sleep`](crate::Error::Sleep) for a pool holding memory
+    /// already, one with an allocator of its own, a tag with another backup,
+    /// a device without virtual memory, or a policy that cannot pause
+    /// ([`crate::sleep::SleepError::Unsupported`]).
+    fn make_tag(&self, id: PoolId, backup: Backup) -> Result<()>;
+
+    /// Pauses tag `id`: after making sure no queued work uses its memory
+    /// (`when_busy`), gives its wholly free cached segments back for good,
+    /// copies its allocations to host memory if it keeps a backup, then gives
+    /// the pages of every segment back to the device. Its allocations keep
+    /// their addresses; a request routed to it is refused until
+    /// [`Tags::resume_tag`].
+    ///
+    /// # Errors
+    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, paused already, a
+    /// route into it open, work still queued ([`WhenBusy::Refuse`]), or the
+    /// device failing part-way ([`crate::sleep::SleepError::Partial`]: resume it);
+    /// [`Error::Backend`](crate::Error::Backend) when the device fails before
+    /// anything was given back.
+    fn pause_tag(&self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport>;
+
+    /// Resumes paused tag `id`: new pages at the same addresses, the backup
+    /// copied back. When the device has no room it releases the cache of the
+    /// default pools and tries again.
+    ///
+    /// # Errors
+    /// [`Error::Sleep`](crate::Error::Sleep): not a tag, not paused, or the
+    /// device failing part-way ([`crate::sleep::SleepError::Partial`], out of memory
+    /// included: free memory and resume again).
+    fn resume_tag(&self, id: PoolId) -> Result<SleepReport>;
+
+    /// Where tag `id` stands.
+    ///
+    /// # Errors
+    /// As [`Tags::pause_tag`] for a pool that is not a tag.
+    fn tag_state(&self, id: PoolId) -> Result<TagState>;
 }

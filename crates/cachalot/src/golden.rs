@@ -28,7 +28,7 @@ use flate2::read::GzDecoder;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{DeviceAllocator, PrivatePools};
 use crate::backend::sim::{AddressOrder, SimBackend};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, MIB};

@@ -97,7 +97,8 @@
 //!   trace  replay  tune  view          recordings in, replays, tuning, the page
 //!   ipc  report  golden  snapshot_io   services over any allocator
 //!   policy: pytorch | cachalot         the two policies, and create()
-//!   allocator                          DeviceAllocator: malloc, free, stats, ...
+//!   allocator                          DeviceAllocator (malloc, free, stats, ...);
+//!                                      PrivatePools, Tags: its extension traits
 //!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
 //!   backing  stats  config  units      the allocator's parts
 //!   backend (Backend trait: segments, pages, streams, events; sim, cuda, adaptors)
@@ -146,7 +147,7 @@ pub mod tune;
 pub mod units;
 pub mod view;
 
-pub use allocator::DeviceAllocator;
+pub use allocator::{DeviceAllocator, PrivatePools, Tags};
 pub use backend::{Backend, DevicePtr, StreamId};
 pub use config::{AllocatorConfig, PolicyKind};
 pub use error::{Error, OomReport, Result};

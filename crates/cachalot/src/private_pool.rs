@@ -10,7 +10,7 @@
 //! once it holds no segment.
 //!
 //! A **route** sends the requests whose stream a filter accepts to a pool, from
-//! [`DeviceAllocator::begin_allocate_to_pool`](crate::DeviceAllocator::begin_allocate_to_pool)
+//! [`PrivatePools::begin_allocate_to_pool`](crate::PrivatePools::begin_allocate_to_pool)
 //! to the matching `end_allocate_to_pool`; the newest route that accepts a
 //! stream wins. A capture's filter accepts the capturing stream; `use_mem_pool`'s
 //! accepts any stream used from the calling thread.

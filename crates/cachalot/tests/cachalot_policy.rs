@@ -9,7 +9,7 @@ use cachalot::backend::faults::Fault;
 use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
 use cachalot::policy::cachalot::CachalotAllocator;
-use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
+use cachalot::{AllocatorConfig, DeviceAllocator, Error, PrivatePools, StreamId};
 
 use cachalot_testkit::device::TestDevice;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
-use cachalot::{AllocatorConfig, DeviceAllocator, PytorchAllocator, StreamId};
+use cachalot::{AllocatorConfig, DeviceAllocator, PrivatePools, PytorchAllocator, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;

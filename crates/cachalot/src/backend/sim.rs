@@ -9,7 +9,7 @@
 //!   counted in [`SimCounters::misuse`].
 //! * Keeps the bytes in use and their peak ([`SimCounters`]), and the bytes
 //!   written to its memory by [`Backend::upload`] for [`Backend::download`] to
-//!   read ([`contents`]). Call counts, fault
+//!   read (`contents.rs`). Call counts, fault
 //!   injection and memory limits are adaptors over any backend
 //!   ([`super::counting`], [`super::faults`], [`super::limit`]).
 //! * Events: by default they complete as soon as they are recorded (a device that is

@@ -8,19 +8,19 @@
 //!
 //! * A **tag** is a private pool ([`PoolId`](crate::private_pool::PoolId))
 //!   made one by
-//!   [`DeviceAllocator::make_tag`](crate::DeviceAllocator::make_tag) before its
+//!   [`Tags::make_tag`](crate::Tags::make_tag) before its
 //!   first allocation. Its segments then come from pages cachalot maps itself:
 //!   each segment is a reserved virtual range with one page of its size
 //!   mapped, so giving a segment's memory back is one unmap and one release
 //!   whatever its size. The range stays reserved until the segment is freed.
-//! * [`DeviceAllocator::pause_tag`](crate::DeviceAllocator::pause_tag) first
+//! * [`Tags::pause_tag`](crate::Tags::pause_tag) first
 //!   makes sure no queued work still uses the tag's memory ([`WhenBusy`]),
 //!   gives the tag's wholly free cached segments back, copies its allocations
 //!   to host memory when the tag has a [`Backup::Host`] (memory kept and
 //!   reused by the next pause), then unmaps and releases every page of the
 //!   tag's segments. The tag is then **paused**: its allocations keep their
 //!   addresses and sizes, and the allocator's blocks do not change.
-//! * [`DeviceAllocator::resume_tag`](crate::DeviceAllocator::resume_tag) maps
+//! * [`Tags::resume_tag`](crate::Tags::resume_tag) maps
 //!   new pages at the same addresses and copies the backups back. Without a
 //!   backup the bytes are gone (a KV cache, weights reloaded anyway).
 //!

@@ -7,7 +7,7 @@
 //!   [`TraceEvent`]s by [`csv::CsvReader`];
 //! * the **snapshot pickle** that `torch.cuda.memory._dump_snapshot` writes
 //!   (`segments`, `device_traces`, `allocator_settings`), streamed by
-//!   [`unpickle`] in two passes that keep only the events and segments, and
+//!   `unpickle` in two passes that keep only the events and segments, and
 //!   walked by [`pickle`];
 //! * the **stats JSON** of a recorded run (`conf`, `total_memory`, the final
 //!   `memory_stats`, `checkpoints`), read by [`stats::read_stats`].

@@ -4,7 +4,7 @@
 //! taken), `device_traces` (one list of events per device, each a dict with
 //! `action`, `addr`, `size`, `stream`, `time_us` and call-stack `frames`) and
 //! `allocator_settings` (the configuration, `PYTORCH_CUDA_ALLOC_CONF` among it).
-//! The pickle is decoded by [`unpickle`] (two streaming passes, the events
+//! The pickle is decoded by `unpickle` (two streaming passes, the events
 //! turned into [`TraceEvent`]s as they are read, call stacks dropped) and the
 //! result walked by hand here, naming the first field that is not as expected.
 
@@ -94,7 +94,7 @@ pub(crate) fn read_snapshot(
 /// Decodes a snapshot pickle held in memory (decompressed).
 ///
 /// # Errors
-/// As [`read_snapshot`].
+/// As `read_snapshot`.
 pub fn snapshot_from_slice(bytes: &[u8], limits: &ReadLimits) -> Result<Snapshot, TraceError> {
     if bytes.len() as u64 > limits.max_input_bytes {
         return Err(TraceError::TooLarge {

@@ -195,7 +195,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PolicyKind};
@@ -204,7 +204,10 @@ use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
-use crate::private_pool::{PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter};
+use crate::private_pool::{
+    PoolAllocation, PoolBook, PoolId, PoolOptions, RouteFilter, SegmentSource,
+};
+use crate::sleep::{Backup, SleepError, SleepReport, TagState, WhenBusy};
 use directory::{Directory, StreamEntry};
 use settings::StreamConfig;
 use stats::levels::Levels;
@@ -351,55 +354,8 @@ impl DeviceAllocator for CachalotAllocator {
         MemorySnapshot { segments }
     }
 
-    fn create_pool(&self, id: PoolId) -> Result<()> {
-        self.book().create_or_incref(id).map(|_| ())
-    }
-
-    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
-        self.book().set_options(id, options)
-    }
-
-    fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {
-        Ok(self.book().require(id)?.options)
-    }
-
-    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
-        let mut book = self.book();
-        book.create_or_incref(id)?;
-        book.push_route(id, filter)?;
-        self.pages.set_quiet(true);
-        Ok(())
-    }
-
-    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()> {
-        let mut book = self.book();
-        book.end_route(id)?;
-        self.pages.set_quiet(book.routing());
-        Ok(())
-    }
-
-    fn release_pool(&self, id: PoolId) -> Result<()> {
-        self.book().release(id).map(|_| ())
-    }
-
-    fn pool_use_count(&self, id: PoolId) -> u32 {
-        self.book().use_count(id)
-    }
-
-    fn empty_pool_cache(&self, id: PoolId) -> Result<()> {
-        self.empty_private_pool(id)
-    }
-
-    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
-        self.private_allocations(id)
-    }
-
     fn backing(&self, ptr: DevicePtr) -> Result<Backing> {
         self.with_owner(ptr, |st| st.backing(ptr))
-    }
-
-    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
-        self.restore_private_pool(id, live)
     }
 
     fn validate(&self) -> std::result::Result<(), InvariantViolation> {
@@ -459,6 +415,90 @@ impl DeviceAllocator for CachalotAllocator {
         }
         *current = observer;
     }
+}
+
+impl PrivatePools for CachalotAllocator {
+    fn create_pool(&self, id: PoolId) -> Result<()> {
+        self.book().create_or_incref(id).map(|_| ())
+    }
+
+    fn set_pool_options(&self, id: PoolId, options: PoolOptions) -> Result<()> {
+        self.book().set_options(id, options)
+    }
+
+    fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {
+        Ok(self.book().require(id)?.options)
+    }
+
+    fn begin_allocate_to_pool(&self, id: PoolId, filter: RouteFilter) -> Result<()> {
+        let mut book = self.book();
+        book.create_or_incref(id)?;
+        book.push_route(id, filter)?;
+        self.pages.set_quiet(true);
+        Ok(())
+    }
+
+    fn end_allocate_to_pool(&self, id: PoolId) -> Result<()> {
+        let mut book = self.book();
+        book.end_route(id)?;
+        self.pages.set_quiet(book.routing());
+        Ok(())
+    }
+
+    fn release_pool(&self, id: PoolId) -> Result<()> {
+        self.book().release(id).map(|_| ())
+    }
+
+    fn pool_use_count(&self, id: PoolId) -> u32 {
+        self.book().use_count(id)
+    }
+
+    fn empty_pool_cache(&self, id: PoolId) -> Result<()> {
+        self.empty_private_pool(id)
+    }
+
+    fn pool_allocations(&self, id: PoolId) -> Result<Vec<PoolAllocation>> {
+        self.private_allocations(id)
+    }
+
+    fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
+        self.restore_private_pool(id, live)
+    }
+
+    fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
+        let _ = (id, source);
+        Err(Error::InvalidArgument(
+            "the cachalot policy serves private pools from its own memory only (its pools are \
+             mapped pages): use policy:pytorch for MemPool(allocator=...)"
+                .into(),
+        ))
+    }
+}
+
+/// Tags are the pytorch policy's: each call says which setting enables them.
+impl Tags for CachalotAllocator {
+    fn make_tag(&self, _id: PoolId, _backup: Backup) -> Result<()> {
+        Err(no_tags())
+    }
+
+    fn pause_tag(&self, _id: PoolId, _when_busy: WhenBusy) -> Result<SleepReport> {
+        Err(no_tags())
+    }
+
+    fn resume_tag(&self, _id: PoolId) -> Result<SleepReport> {
+        Err(no_tags())
+    }
+
+    fn tag_state(&self, _id: PoolId) -> Result<TagState> {
+        Err(no_tags())
+    }
+}
+
+fn no_tags() -> Error {
+    SleepError::Unsupported {
+        policy: PolicyKind::Cachalot,
+    }
+    .into()
 }
 
 impl Drop for CachalotAllocator {

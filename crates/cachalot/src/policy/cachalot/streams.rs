@@ -147,7 +147,7 @@ mod tests {
 
     use crate::backend::sim::SimBackend;
     use crate::private_pool::PoolId;
-    use crate::{AllocatorConfig, DeviceAllocator};
+    use crate::{AllocatorConfig, DeviceAllocator, PrivatePools};
 
     use super::*;
 

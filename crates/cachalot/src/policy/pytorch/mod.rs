@@ -46,7 +46,7 @@ mod validate;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::DeviceAllocator;
+use crate::allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
@@ -171,6 +171,24 @@ impl DeviceAllocator for PytorchAllocator {
         self.lock().snapshot()
     }
 
+    fn set_stream_hash(&self, stream: StreamId, hash: u64) {
+        self.lock().hashes.set(stream, hash);
+    }
+
+    fn backing(&self, ptr: DevicePtr) -> Result<Backing> {
+        self.lock().backing(ptr)
+    }
+
+    fn validate(&self) -> std::result::Result<(), InvariantViolation> {
+        self.lock().validate()
+    }
+
+    fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
+        self.lock().ledger.set_observer(observer);
+    }
+}
+
+impl PrivatePools for PytorchAllocator {
     fn create_pool(&self, id: PoolId) -> Result<()> {
         self.lock().create_or_incref_pool(id).map(|_| ())
     }
@@ -214,7 +232,9 @@ impl DeviceAllocator for PytorchAllocator {
     fn restore_pool(&self, id: PoolId, live: &[PoolAllocation]) -> Result<Vec<DevicePtr>> {
         self.lock().restore_pool(id, live)
     }
+}
 
+impl Tags for PytorchAllocator {
     fn make_tag(&self, id: PoolId, backup: Backup) -> Result<()> {
         self.lock().make_tag(id, backup)
     }
@@ -229,21 +249,5 @@ impl DeviceAllocator for PytorchAllocator {
 
     fn tag_state(&self, id: PoolId) -> Result<TagState> {
         self.lock().tag_state(id)
-    }
-
-    fn set_stream_hash(&self, stream: StreamId, hash: u64) {
-        self.lock().hashes.set(stream, hash);
-    }
-
-    fn backing(&self, ptr: DevicePtr) -> Result<Backing> {
-        self.lock().backing(ptr)
-    }
-
-    fn validate(&self) -> std::result::Result<(), InvariantViolation> {
-        self.lock().validate()
-    }
-
-    fn set_observer(&self, observer: Option<Arc<dyn Observer>>) {
-        self.lock().ledger.set_observer(observer);
     }
 }

@@ -48,7 +48,7 @@ impl State {
         self.book.set_tag(id, tag)
     }
 
-    /// Pauses tag `id` (see [`crate::DeviceAllocator::pause_tag`]).
+    /// Pauses tag `id` (see [`crate::Tags::pause_tag`]).
     pub(crate) fn pause_tag(&mut self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport> {
         let (slot, tag) = self.tag_of(id)?;
         if tag.paused {
@@ -85,7 +85,7 @@ impl State {
         Ok(report)
     }
 
-    /// Resumes paused tag `id` (see [`crate::DeviceAllocator::resume_tag`]).
+    /// Resumes paused tag `id` (see [`crate::Tags::resume_tag`]).
     pub(crate) fn resume_tag(&mut self, id: PoolId) -> Result<SleepReport> {
         let (slot, tag) = self.tag_of(id)?;
         if !tag.paused {
