@@ -100,10 +100,6 @@ fn bench_synthetic(c: &mut Criterion) {
     ];
     for (name, plan, capacity) in cases {
         for policy in ["pytorch", "cachalot"] {
-            // The cachalot policy keeps at most 256 streams on a device.
-            if name == "streams_100k" && policy == "cachalot" {
-                continue;
-            }
             let config = AllocatorConfig::parse(&format!("policy:{policy}")).expect("parses");
             group.bench_function(format!("{name}/{policy}"), |b| {
                 b.iter(|| {
