@@ -3,8 +3,8 @@
 //! ([`conformance`], [`pools`], [`conformance_suite!`]), the backend
 //! contract every backend and adaptor stack keeps ([`backend`],
 //! [`backend_suite!`]), test devices with
-//! counting, fault and limit adaptors ([`device`]), a seeded generator
-//! ([`lcg`]), the bundled recordings ([`recordings`]) and a small reader
+//! counting, fault and limit adaptors ([`device`]), seeded generators
+//! ([`lcg`], [`splitmix`]), the bundled recordings ([`recordings`]) and a small reader
 //! and replayer of recorded traces ([`trace`]).
 //!
 //! A crate of its own (a dev-dependency) rather than a module every test
@@ -20,6 +20,7 @@ pub mod device;
 pub mod lcg;
 pub mod pools;
 pub mod recordings;
+pub mod splitmix;
 pub mod trace;
 
 /// Generates the conformance tests for allocators built by `$make` (a closure

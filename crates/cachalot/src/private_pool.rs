@@ -24,7 +24,6 @@ use std::sync::Arc;
 
 use crate::backend::{BackendResult, DevicePtr, StreamId};
 use crate::error::{Error, Result};
-use crate::sleep::Tag;
 
 pub use crate::pool_id::PoolId;
 
@@ -92,8 +91,6 @@ pub(crate) struct PoolBook {
     routes: Vec<(PoolId, RouteFilter)>,
     /// The segment sources of pools that have one, by slot.
     sources: HashMap<u32, Arc<dyn SegmentSource>>,
-    /// The pools that are tags ([`crate::sleep`]), by slot.
-    tags: HashMap<u32, Tag>,
     free_slots: Vec<u32>,
     next_slot: u32,
 }
@@ -166,7 +163,6 @@ impl PoolBook {
     pub(crate) fn forget(&mut self, id: PoolId) {
         if let Some(r) = self.records.remove(&id) {
             self.sources.remove(&r.slot);
-            self.tags.remove(&r.slot);
             self.free_slots.push(r.slot);
         }
     }
@@ -214,49 +210,8 @@ impl PoolBook {
     /// Makes `source` give pool `id`'s new segments.
     pub(crate) fn set_source(&mut self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
         let slot = self.require(id)?.slot;
-        if self.tags.contains_key(&slot) {
-            return Err(Error::InvalidArgument(format!(
-                "private pool {id} is a tag: its segments are cachalot's pages, not another allocator's"
-            )));
-        }
         self.sources.insert(slot, source);
         Ok(())
-    }
-
-    /// Whether pool `id`'s segments come from an allocator of its own
-    /// (a source that is not a tag's), which a tag cannot replace.
-    pub(crate) fn has_own_source(&self, id: PoolId) -> Result<bool> {
-        let slot = self.require(id)?.slot;
-        Ok(self.sources.contains_key(&slot) && !self.tags.contains_key(&slot))
-    }
-
-    /// Makes pool `id` a tag: `tag`'s source gives its new segments. The
-    /// caller has checked [`Self::has_own_source`].
-    pub(crate) fn set_tag(&mut self, id: PoolId, tag: Tag) -> Result<()> {
-        let slot = self.require(id)?.slot;
-        self.sources.insert(slot, tag.source.clone());
-        self.tags.insert(slot, tag);
-        Ok(())
-    }
-
-    /// The tag of the pool in `slot`, if it is one.
-    pub(crate) fn tag(&self, slot: u32) -> Option<&Tag> {
-        self.tags.get(&slot)
-    }
-
-    /// The tag of the pool in `slot`, to change.
-    pub(crate) fn tag_mut(&mut self, slot: u32) -> Option<&mut Tag> {
-        self.tags.get_mut(&slot)
-    }
-
-    /// Every tag, by slot.
-    pub(crate) fn tags(&self) -> impl Iterator<Item = (u32, &Tag)> + '_ {
-        self.tags.iter().map(|(slot, tag)| (*slot, tag))
-    }
-
-    /// Whether the pool in `slot` is a paused tag.
-    pub(crate) fn is_paused(&self, slot: u32) -> bool {
-        self.tags.get(&slot).is_some_and(|t| t.paused)
     }
 
     /// Whether a route to pool `id` is open.
@@ -302,12 +257,10 @@ impl PoolBook {
     }
 
     /// The pools whose options let a default request borrow their free
-    /// blocks, in id order (a paused tag lends nothing: its memory is gone).
+    /// blocks, in id order.
     pub(crate) fn use_on_oom(&self) -> Vec<PoolRecord> {
-        let mut pools: Vec<(PoolId, PoolRecord)> = self
-            .iter()
-            .filter(|(_, r)| r.options.use_on_oom && !self.is_paused(r.slot))
-            .collect();
+        let mut pools: Vec<(PoolId, PoolRecord)> =
+            self.iter().filter(|(_, r)| r.options.use_on_oom).collect();
         pools.sort_by_key(|(id, _)| *id);
         pools.into_iter().map(|(_, r)| r).collect()
     }

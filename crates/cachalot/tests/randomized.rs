@@ -10,24 +10,9 @@ use cachalot::backend::CallKind;
 use cachalot::{AllocatorConfig, Error, StreamId};
 
 use cachalot_testkit::device::TestDevice;
+use cachalot_testkit::splitmix::SplitMix;
 
-/// splitmix64: a tiny deterministic generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn size(rng: &mut Rng) -> u64 {
+fn size(rng: &mut SplitMix) -> u64 {
     match rng.below(10) {
         0..=4 => 1 + rng.below(1 << 20),
         5..=7 => (1 << 20) + rng.below(12 << 20),
@@ -51,7 +36,7 @@ fn run(seed: u64, conf: &str, ops: usize) {
     dev.sim.set_manual_events(true);
     let alloc =
         cachalot::allocator::create(dev.backend(), AllocatorConfig::parse(conf).unwrap()).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
     let mut live: BTreeMap<u64, u64> = BTreeMap::new();
     let (mut ooms, mut faults) = (0, 0);
     for step in 0..ops {

@@ -18,6 +18,7 @@ use cachalot::sleep::{Backup, SleepError, WhenBusy};
 use cachalot::{AllocatorConfig, DeviceAllocator, Error, StreamId};
 
 use cachalot_testkit::device::TestDevice;
+use cachalot_testkit::splitmix::SplitMix;
 
 const MIB: u64 = 1 << 20;
 const TAG: PoolId = PoolId(0, 7);
@@ -75,6 +76,26 @@ fn read(b: &dyn Backend, ptr: u64, len: usize) -> Vec<u8> {
     }])
     .unwrap();
     out
+}
+
+/// `TAG` made a tag with a host backup, holding three 30 MiB allocations
+/// each written with a pattern of its own; their addresses.
+fn patterned_tag(a: &dyn DeviceAllocator) -> Vec<u64> {
+    tag(a, TAG, Backup::Host);
+    let ptrs: Vec<u64> = (0..3)
+        .map(|_| alloc_in(a, TAG, 30 * MIB).unwrap())
+        .collect();
+    for (i, p) in ptrs.iter().enumerate() {
+        write(a.backend().as_ref(), *p, &pattern(i as u64, 1000));
+    }
+    ptrs
+}
+
+/// Each of `ptrs` holds the pattern [`patterned_tag`] wrote.
+fn assert_patterns(b: &dyn Backend, ptrs: &[u64]) {
+    for (i, p) in ptrs.iter().enumerate() {
+        assert_eq!(read(b, *p, 1000), pattern(i as u64, 1000));
+    }
 }
 
 fn sleep_error(e: Error) -> SleepError {
@@ -455,14 +476,8 @@ fn a_resume_makes_room_by_emptying_the_cache() {
 #[test]
 fn a_resume_out_of_memory_stops_part_way_and_resumes_later() {
     let (dev, a) = setup(1 << 30);
-    tag(a.as_ref(), TAG, Backup::Host);
     let backend = a.backend().clone();
-    let ptrs: Vec<u64> = (0..3)
-        .map(|_| alloc_in(a.as_ref(), TAG, 30 * MIB).unwrap())
-        .collect();
-    for (i, p) in ptrs.iter().enumerate() {
-        write(backend.as_ref(), *p, &pattern(i as u64, 1000));
-    }
+    let ptrs = patterned_tag(a.as_ref());
     a.pause_tag(TAG, WhenBusy::Synchronize).unwrap();
     dev.limit.set(Some(100 * MIB));
     let blocker = a.malloc(50 * MIB, S0).unwrap();
@@ -492,22 +507,14 @@ fn a_resume_out_of_memory_stops_part_way_and_resumes_later() {
     a.free(blocker).unwrap();
     a.resume_tag(TAG).unwrap();
     valid(a.as_ref());
-    for (i, p) in ptrs.iter().enumerate() {
-        assert_eq!(read(backend.as_ref(), *p, 1000), pattern(i as u64, 1000));
-    }
+    assert_patterns(backend.as_ref(), &ptrs);
 }
 
 #[test]
 fn device_failures_during_a_pause_leave_the_books_true() {
     let (dev, a) = setup(1 << 30);
-    tag(a.as_ref(), TAG, Backup::Host);
     let backend = a.backend().clone();
-    let ptrs: Vec<u64> = (0..3)
-        .map(|_| alloc_in(a.as_ref(), TAG, 30 * MIB).unwrap())
-        .collect();
-    for (i, p) in ptrs.iter().enumerate() {
-        write(backend.as_ref(), *p, &pattern(i as u64, 1000));
-    }
+    let ptrs = patterned_tag(a.as_ref());
     let next = |kind| dev.faults.calls().count(kind) + 1;
     dev.faults.fail_nth(
         CallKind::Download,
@@ -542,25 +549,7 @@ fn device_failures_during_a_pause_leave_the_books_true() {
     assert_eq!(a.tag_state(TAG).unwrap().paused_bytes, 30 * MIB);
     a.resume_tag(TAG).unwrap();
     valid(a.as_ref());
-    for (i, p) in ptrs.iter().enumerate() {
-        assert_eq!(read(backend.as_ref(), *p, 1000), pattern(i as u64, 1000));
-    }
-}
-
-/// splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+    assert_patterns(backend.as_ref(), &ptrs);
 }
 
 /// What the model knows of one live allocation.
@@ -584,7 +573,7 @@ fn run(seed: u64, steps: usize) {
     for (id, backup) in tags {
         tag(a, id, backup);
     }
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     let mut paused = [false, false];
     for step in 0..steps {

@@ -198,7 +198,7 @@ impl PrivatePools for PytorchAllocator {
     }
 
     fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
-        self.lock().book.set_source(id, source)
+        self.lock().set_pool_source(id, source)
     }
 
     fn pool_options(&self, id: PoolId) -> Result<PoolOptions> {

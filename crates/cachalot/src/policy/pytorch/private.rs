@@ -1,9 +1,13 @@
 //! Private pools: routing requests to them, their use counts, and giving their
 //! memory back once no graph or `MemPool` holds them.
 
+use std::sync::Arc;
+
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
-use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, PoolRecord, RouteFilter};
+use crate::private_pool::{
+    PoolAllocation, PoolId, PoolOptions, PoolRecord, RouteFilter, SegmentSource,
+};
 
 use super::block::{Block, BlockId};
 use super::placement::is_small;
@@ -79,12 +83,29 @@ impl State {
         self.release_blocks(slot, true)
     }
 
+    /// Makes `source` give pool `id`'s new segments
+    /// (`MemPool(allocator=...)`); a tag's segments are cachalot's pages.
+    pub(crate) fn set_pool_source(
+        &mut self,
+        id: PoolId,
+        source: Arc<dyn SegmentSource>,
+    ) -> Result<()> {
+        let slot = self.book.require(id)?.slot;
+        if self.tags.contains_key(&slot) {
+            return Err(Error::InvalidArgument(format!(
+                "private pool {id} is a tag: its segments are cachalot's pages, not another allocator's"
+            )));
+        }
+        self.book.set_source(id, source)
+    }
+
     /// Forgets every freeable private pool that holds no segment.
     fn forget_empty_freeable_pools(&mut self) {
         for id in self.book.freeable() {
             let Some(r) = self.book.get(id) else { continue };
             if !self.segments.iter().any(|(_, s)| s.pool == r.slot) {
                 self.book.forget(id);
+                self.tags.remove(&r.slot);
                 self.pools[r.slot as usize] = PoolPair::default();
             }
         }
@@ -199,12 +220,16 @@ impl State {
     }
 
     /// On a miss in the default pools: the best-fit free block of a pool whose
-    /// options allow borrowing, taken out of that pool.
+    /// options allow borrowing, taken out of that pool (a paused tag lends
+    /// nothing: its memory is gone).
     pub(crate) fn borrow_for_oom(
         &mut self,
         req: &super::state::Request,
     ) -> Option<(BlockId, PoolOptions)> {
         for r in self.book.use_on_oom() {
+            if self.is_paused(r.slot) {
+                continue;
+            }
             let borrowed = super::state::Request {
                 pool: r.slot,
                 ..*req

@@ -15,10 +15,15 @@ use super::block::SegmentId;
 use super::state::State;
 
 impl State {
+    /// Whether the pool in `slot` is a paused tag.
+    pub(crate) fn is_paused(&self, slot: u32) -> bool {
+        self.tags.get(&slot).is_some_and(|t| t.paused)
+    }
+
     /// Makes pool `id` a tag with `backup` (again: nothing to do).
     pub(crate) fn make_tag(&mut self, id: PoolId, backup: Backup) -> Result<()> {
         let slot = self.book.require(id)?.slot;
-        if let Some(tag) = self.book.tag(slot) {
+        if let Some(tag) = self.tags.get(&slot) {
             if tag.backup == backup {
                 return Ok(());
             }
@@ -33,7 +38,7 @@ impl State {
         if !self.backend.capabilities().virtual_memory {
             return Err(SleepError::NoVirtualMemory.into());
         }
-        if self.book.has_own_source(id)? {
+        if self.book.source(slot).is_some() {
             return Err(SleepError::OwnAllocator { pool: id }.into());
         }
         let segments = self.segments_of(slot).len();
@@ -45,7 +50,9 @@ impl State {
             backup,
             paused: false,
         };
-        self.book.set_tag(id, tag)
+        self.book.set_source(id, tag.source.clone())?;
+        self.tags.insert(slot, tag);
+        Ok(())
     }
 
     /// Pauses tag `id` (see [`crate::Tags::pause_tag`]).
@@ -143,7 +150,7 @@ impl State {
     /// Refuses a request of `size` bytes routed to the pool in `slot` while
     /// it is a paused tag.
     pub(crate) fn refuse_paused(&self, slot: u32, size: u64) -> Result<()> {
-        if !self.book.is_paused(slot) {
+        if !self.is_paused(slot) {
             return Ok(());
         }
         Err(SleepError::Paused {
@@ -156,7 +163,7 @@ impl State {
     /// The slot and tag of pool `id`.
     fn tag_of(&self, id: PoolId) -> Result<(u32, Tag)> {
         let slot = self.book.require(id)?.slot;
-        match self.book.tag(slot) {
+        match self.tags.get(&slot) {
             Some(tag) => Ok((slot, tag.clone())),
             None => Err(SleepError::NotATag { pool: id }.into()),
         }
@@ -276,7 +283,7 @@ impl State {
 
     /// Marks the tag in `slot` paused or not.
     fn set_paused(&mut self, slot: u32, paused: bool) {
-        if let Some(tag) = self.book.tag_mut(slot) {
+        if let Some(tag) = self.tags.get_mut(&slot) {
             tag.paused = paused;
         }
     }

@@ -1,7 +1,7 @@
 //! The allocator's state and its block transitions: best-fit lookup, handing a
 //! block out (with its split), and taking a freed block back (with its merges).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::addr_map::AddrMap;
@@ -15,6 +15,7 @@ use super::ledger::Ledger;
 use super::placement::Placement;
 use super::pool::PoolPair;
 use crate::private_pool::PoolBook;
+use crate::sleep::Tag;
 
 /// One request, after rounding.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +59,8 @@ pub(crate) struct State {
     pub(crate) pools: Vec<PoolPair>,
     /// Private pools: routes, use counts, options.
     pub(crate) book: PoolBook,
+    /// The private pools that are tags ([`crate::sleep`]), by pool slot.
+    pub(crate) tags: HashMap<u32, Tag>,
     /// Blocks freed after `record_stream` while a route was open: their events
     /// are recorded once no route is open (PyTorch queries no event during a
     /// capture).
@@ -106,6 +109,7 @@ impl State {
             segments: Segments::default(),
             pools: vec![PoolPair::default()],
             book: PoolBook::default(),
+            tags: HashMap::new(),
             deferred: VecDeque::new(),
             allocated: AddrMap::default(),
             pending: EventQueues::default(),

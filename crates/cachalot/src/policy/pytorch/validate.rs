@@ -193,7 +193,7 @@ impl State {
     /// other segment, and that only a paused tag has paused segments.
     fn validate_tags(&self) -> Check {
         for (_, seg) in self.segments.iter() {
-            let Some(tag) = self.book.tag(seg.pool) else {
+            let Some(tag) = self.tags.get(&seg.pool) else {
                 ensure_invariant!(
                     !seg.paused,
                     "segment at {:#x} of no tag is paused",
@@ -223,7 +223,7 @@ impl State {
                 seg.base
             );
         }
-        for (slot, tag) in self.book.tags() {
+        for (&slot, tag) in &self.tags {
             let held = self.segments.iter().filter(|(_, s)| s.pool == slot).count();
             ensure_invariant!(
                 tag.source.len() == held,
