@@ -122,7 +122,8 @@ pub fn copies_round_trip_through_host_memory(b: &dyn Backend) {
 
 /// Events and streams: an event recorded on the default stream completes
 /// once synchronized; a destroyed event is no longer known; synchronizing a
-/// stream and the device works.
+/// stream and the device works; a stream that is not capturing has no
+/// capture frontier.
 pub fn events_complete_and_streams_synchronize(b: &dyn Backend) {
     let e = b.create_event().expect("event");
     b.record_event(e, StreamId::DEFAULT).expect("record");
@@ -137,6 +138,16 @@ pub fn events_complete_and_streams_synchronize(b: &dyn Backend) {
     b.destroy_event(e).expect("destroy");
     assert!(b.query_event(e).is_err(), "a destroyed event is unknown");
     assert!(b.destroy_event(e).is_err(), "destroyed twice");
+    assert_eq!(
+        b.capture_frontier(StreamId::DEFAULT).expect("capture info"),
+        None,
+        "the default stream is not capturing"
+    );
+    assert!(
+        !b.capture_follows(StreamId::DEFAULT, &[])
+            .expect("capture info"),
+        "a stream that is not capturing follows nothing"
+    );
 }
 
 /// Misuse of pages and ranges that are not live is an error, and the

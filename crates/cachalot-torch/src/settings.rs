@@ -25,6 +25,8 @@ pub struct SettingsRow {
     pub garbage_collection_threshold: f64,
     /// `expandable_segments`, 0 or 1.
     pub expandable_segments: u8,
+    /// `graph_capture_record_stream_reuse`, 0 or 1.
+    pub graph_capture_record_stream_reuse: u8,
 }
 
 impl From<&SettingsRow> for PlacementSettings {
@@ -35,6 +37,7 @@ impl From<&SettingsRow> for PlacementSettings {
             roundup_power2_divisions: row.roundup_power2_divisions,
             garbage_collection_threshold: row.garbage_collection_threshold,
             expandable_segments: row.expandable_segments != 0,
+            graph_capture_record_stream_reuse: row.graph_capture_record_stream_reuse != 0,
         }
     }
 }
@@ -70,10 +73,12 @@ mod tests {
             roundup_power2_divisions: [4; ROUNDUP_BUCKETS],
             garbage_collection_threshold: 0.5,
             expandable_segments: 1,
+            graph_capture_record_stream_reuse: 1,
         };
         let s = PlacementSettings::from(&row);
         assert_eq!(s.max_split_size, None);
         assert!(s.expandable_segments);
+        assert!(s.graph_capture_record_stream_reuse);
         assert_eq!(s.roundup_power2_divisions[3], 4);
         let row = SettingsRow {
             max_split_size: 40 << 20,

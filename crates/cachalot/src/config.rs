@@ -375,6 +375,7 @@ impl AllocatorConfig {
             roundup_power2_divisions: self.roundup_power2_divisions,
             garbage_collection_threshold: self.garbage_collection_threshold,
             expandable_segments: self.expandable_segments,
+            graph_capture_record_stream_reuse: self.graph_capture_record_stream_reuse,
         }
     }
 
@@ -386,6 +387,7 @@ impl AllocatorConfig {
             roundup_power2_divisions: settings.roundup_power2_divisions,
             garbage_collection_threshold: settings.garbage_collection_threshold,
             expandable_segments: settings.expandable_segments,
+            graph_capture_record_stream_reuse: settings.graph_capture_record_stream_reuse,
             ..self.clone()
         }
     }
@@ -435,6 +437,8 @@ pub struct PlacementSettings {
     pub garbage_collection_threshold: f64,
     /// See [`AllocatorConfig::expandable_segments`].
     pub expandable_segments: bool,
+    /// See [`AllocatorConfig::graph_capture_record_stream_reuse`].
+    pub graph_capture_record_stream_reuse: bool,
 }
 
 /// The only `large_segment_size_mb` cachalot takes (PyTorch's default).

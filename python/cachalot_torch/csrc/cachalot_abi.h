@@ -48,6 +48,7 @@ struct cachalot_settings {
   uint64_t roundup_power2_divisions[16];
   double garbage_collection_threshold;
   uint8_t expandable_segments;
+  uint8_t graph_capture_record_stream_reuse;
 };
 struct cachalot_pool_allocation {
   uint64_t ptr, size, requested, stream;

@@ -926,6 +926,8 @@ void pass_settings() {
   }
   row.garbage_collection_threshold = Config::garbage_collection_threshold();
   row.expandable_segments = Config::use_expandable_segments() ? 1 : 0;
+  row.graph_capture_record_stream_reuse =
+      c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::graph_capture_record_stream_reuse() ? 1 : 0;
   char* message = nullptr;
   check(cachalot_set_placement_settings(&row, &message), &message, "_set_allocator_settings");
 }

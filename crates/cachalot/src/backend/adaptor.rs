@@ -379,6 +379,31 @@ macro_rules! adaptor {
                 )?;
                 self.inner.upload(copies)
             }
+
+            fn capture_frontier(
+                &self,
+                stream: $crate::backend::StreamId,
+            ) -> $crate::backend::BackendResult<Option<Vec<$crate::backend::GraphNode>>> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::CaptureInfo,
+                    0,
+                )?;
+                self.inner.capture_frontier(stream)
+            }
+
+            fn capture_follows(
+                &self,
+                stream: $crate::backend::StreamId,
+                marks: &[$crate::backend::GraphNode],
+            ) -> $crate::backend::BackendResult<bool> {
+                $crate::backend::adaptor::Hooks::before(
+                    self,
+                    $crate::backend::CallKind::CaptureInfo,
+                    0,
+                )?;
+                self.inner.capture_follows(stream, marks)
+            }
         }
     };
 }

@@ -25,6 +25,7 @@
 //! The inherent helpers beyond the [`Backend`] trait (streams, fills, copies, a
 //! stream delay) serve tests, benchmarks and the tensor layer.
 
+mod capture;
 mod driver;
 mod host;
 mod registry;
@@ -43,8 +44,8 @@ use self::driver::{check, Context};
 use self::registry::Registry;
 use super::host::{HostMemory, ToDevice, ToHost};
 use super::{
-    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
-    PageHandle, StreamId, IPC_HANDLE_BYTES,
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, GraphNode,
+    MemInfo, PageHandle, StreamId, IPC_HANDLE_BYTES,
 };
 
 /// One GPU, driven through the CUDA driver. See the module docs.
@@ -595,6 +596,34 @@ impl Backend for CudaBackend {
         self.ctx.bind(call)?;
         // SAFETY: the context is current; the call takes no arguments.
         check(call, 0, || unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn capture_frontier(&self, stream: StreamId) -> BackendResult<Option<Vec<GraphNode>>> {
+        let call = CallKind::CaptureInfo;
+        let reg = self.read();
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the stream is known (checked; kept so by the read lock).
+        let nodes = unsafe { capture::frontier(stream_handle(stream))? };
+        Ok(nodes.map(|v| {
+            v.into_iter()
+                .map(|n| GraphNode(n as usize as u64))
+                .collect()
+        }))
+    }
+
+    fn capture_follows(&self, stream: StreamId, marks: &[GraphNode]) -> BackendResult<bool> {
+        let call = CallKind::CaptureInfo;
+        let reg = self.read();
+        reg.check_stream(call, stream)?;
+        self.ctx.bind(call)?;
+        // SAFETY: the stream is known (checked; kept so by the read lock).
+        let Some(start) = (unsafe { capture::frontier(stream_handle(stream))? }) else {
+            return Ok(false);
+        };
+        // SAFETY: `start` is the frontier of a capture in progress on this
+        // thread's stream; its graph lives while the capture does.
+        unsafe { capture::reaches(start, marks) }
     }
 
     fn export_segment(&self, base: DevicePtr) -> BackendResult<[u8; IPC_HANDLE_BYTES]> {

@@ -38,6 +38,11 @@
 //!   stream, streams it created and streams registered with it (an unknown id is an
 //!   error, never a handle passed to the driver). An event recorded on a stream completes once the work queued on the
 //!   stream before it has finished. `query_event` never blocks; `synchronize_*` blocks.
+//! * **Captures.** While a stream is being captured into a CUDA graph,
+//!   [`Backend::capture_frontier`] names the graph nodes its next work will
+//!   depend on and [`Backend::capture_follows`] whether that work runs after
+//!   given nodes (the graph's edges, stream order and waits on events alike);
+//!   a stream that is not capturing has no frontier and follows nothing.
 //! * **Memory info** reports the device's free and total bytes as the driver sees them.
 //! * Every method is callable from any thread (`Send + Sync`).
 //! * No method panics on bad input: misuse is an error value.
@@ -83,6 +88,11 @@ impl fmt::Display for StreamId {
 /// An event created by a backend.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EventId(pub u64);
+
+/// A node of the CUDA graph a stream capture is building (`CUgraphNode`),
+/// opaque, valid while that capture lasts.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GraphNode(pub u64);
 
 /// A physical page created by [`Backend::create_page`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -141,11 +151,12 @@ pub enum CallKind {
     AllocateHost,
     Download,
     Upload,
+    CaptureInfo,
 }
 
 impl CallKind {
     /// Every kind, in declaration order.
-    pub const ALL: [CallKind; 24] = [
+    pub const ALL: [CallKind; 25] = [
         CallKind::SegmentAlloc,
         CallKind::SegmentFree,
         CallKind::ReserveRange,
@@ -170,6 +181,7 @@ impl CallKind {
         CallKind::AllocateHost,
         CallKind::Download,
         CallKind::Upload,
+        CallKind::CaptureInfo,
     ];
 
     /// A stable snake_case name (used in JSON reports).
@@ -199,6 +211,7 @@ impl CallKind {
             CallKind::AllocateHost => "allocate_host",
             CallKind::Download => "download",
             CallKind::Upload => "upload",
+            CallKind::CaptureInfo => "capture_info",
         }
     }
 
@@ -401,6 +414,23 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`BackendError::Device`] on driver failure.
     fn synchronize_device(&self) -> BackendResult<()>;
+
+    /// The nodes of the graph being captured on `stream` that the next work
+    /// queued on it will depend on (its capture's frontier), or `None` when
+    /// `stream` is not capturing.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidAddress`] for an unknown stream;
+    /// [`BackendError::Device`] on driver failure.
+    fn capture_frontier(&self, stream: StreamId) -> BackendResult<Option<Vec<GraphNode>>>;
+
+    /// Whether the next work queued on capturing `stream` will run after every
+    /// node of `marks` (each is in its frontier or an ancestor of a node
+    /// there). False when `stream` is not capturing.
+    ///
+    /// # Errors
+    /// As [`Backend::capture_frontier`].
+    fn capture_follows(&self, stream: StreamId, marks: &[GraphNode]) -> BackendResult<bool>;
 
     /// The handle another process opens segment `base` with
     /// (`cuIpcGetMemHandle`).

@@ -15,17 +15,23 @@
 //! * Events: by default they complete as soon as they are recorded (a device that is
 //!   always idle). In manual mode ([`SimBackend::set_manual_events`]) an event
 //!   completes only when the test completes its stream, or synchronizes.
+//! * Stream captures: a test begins one ([`SimBackend::begin_capture`]), queues
+//!   work and waits between streams, and ends it; the backend answers
+//!   [`Backend::capture_frontier`] and [`Backend::capture_follows`] from that
+//!   graph (`capture.rs`).
 
+mod capture;
 mod contents;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use self::capture::Captures;
 use self::contents::{Contents, Owner, Piece};
 use super::host::{HostMemory, ToDevice, ToHost};
 use super::{
-    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, MemInfo,
-    PageHandle, StreamId,
+    Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, GraphNode,
+    MemInfo, PageHandle, StreamId,
 };
 
 /// The first address the simulated device hands out.
@@ -105,6 +111,7 @@ struct State {
     manual_events: bool,
     counters: SimCounters,
     contents: Contents,
+    captures: Captures,
 }
 
 /// A simulated GPU. See the module docs.
@@ -197,6 +204,29 @@ impl SimBackend {
     /// Completes all work on every stream.
     pub fn complete_all(&self) {
         complete_all(&mut self.lock());
+    }
+
+    /// Starts capturing `stream` into a graph; false when a capture is in
+    /// progress (the simulation holds one at a time).
+    pub fn begin_capture(&self, stream: StreamId) -> bool {
+        self.lock().captures.begin(stream)
+    }
+
+    /// Queues work (a kernel) on capturing `stream`: a node after its
+    /// frontier. `None` when `stream` is not capturing.
+    pub fn capture_work(&self, stream: StreamId) -> Option<GraphNode> {
+        self.lock().captures.work(stream)
+    }
+
+    /// Makes capturing `stream`'s next work follow `on`'s (an event recorded
+    /// on `on`, waited on by `stream`); false when `on` is not capturing.
+    pub fn capture_wait(&self, stream: StreamId, on: StreamId) -> bool {
+        self.lock().captures.wait(stream, on)
+    }
+
+    /// Ends the capture in progress.
+    pub fn end_capture(&self) {
+        self.lock().captures.end();
     }
 
     /// Live segments (base, size), by address.
@@ -625,6 +655,14 @@ impl Backend for SimBackend {
         let mut st = self.lock();
         complete_all(&mut st);
         Ok(())
+    }
+
+    fn capture_frontier(&self, stream: StreamId) -> BackendResult<Option<Vec<GraphNode>>> {
+        Ok(self.lock().captures.frontier(stream))
+    }
+
+    fn capture_follows(&self, stream: StreamId, marks: &[GraphNode]) -> BackendResult<bool> {
+        Ok(self.lock().captures.follows(stream, marks))
     }
 
     fn allocate_host(&self, size: u64) -> BackendResult<Box<dyn HostMemory>> {

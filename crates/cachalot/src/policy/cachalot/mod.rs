@@ -198,7 +198,7 @@ use std::time::Instant;
 use crate::allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::backing::Backing;
-use crate::config::{AllocatorConfig, PolicyKind};
+use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
@@ -255,6 +255,9 @@ impl CachalotAllocator {
             book: Mutex::new(PoolBook::default()),
             config,
         };
+        allocator
+            .pages
+            .set_capture_reuse(allocator.config.graph_capture_record_stream_reuse);
         allocator.set_memory_fraction(allocator.config.per_process_memory_fraction)?;
         Ok(allocator)
     }
@@ -271,6 +274,13 @@ impl DeviceAllocator for CachalotAllocator {
 
     fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// Of PyTorch's run-time settings the cachalot policy follows one:
+    /// `graph_capture_record_stream_reuse` (it has no placement rules).
+    fn set_placement_settings(&self, settings: &PlacementSettings) {
+        self.pages
+            .set_capture_reuse(settings.graph_capture_record_stream_reuse);
     }
 
     fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr> {

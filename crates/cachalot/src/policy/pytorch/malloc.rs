@@ -11,7 +11,8 @@ use super::state::{Request, State};
 
 impl State {
     /// Allocates `size` bytes for `stream`, following PyTorch's order: reclaim
-    /// completed cross-stream frees; best fit from the cache; garbage collection;
+    /// completed cross-stream frees (during a capture, the frees the graph has
+    /// ordered before this stream's next work); best fit from the cache; garbage collection;
     /// a new segment; release cached oversize segments and retry; synchronize and
     /// release every cached segment and retry; out-of-memory.
     pub(crate) fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevicePtr> {
@@ -19,7 +20,9 @@ impl State {
             return Ok(0);
         }
         check_request(size)?;
-        if !self.book.routing() {
+        if self.book.routing() {
+            self.reuse_captured_frees(stream)?;
+        } else {
             self.process_events()?;
         }
         let rounded = self.placement.round_size(size);

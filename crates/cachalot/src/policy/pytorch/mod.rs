@@ -16,6 +16,10 @@
 //!   pool) grows one reserved range by mapping pages instead.
 //! * A block freed after `record_stream` returns to its pool when events recorded
 //!   on the other streams complete; they are polled at each `malloc`.
+//!   Freed while a route (a capture) is open, it waits for the route's end;
+//!   with `graph_capture_record_stream_reuse`, only until the capture's graph
+//!   orders the stream's next work after the other streams' uses
+//!   (`capture_reuse.rs`).
 //! * A private pool may be a tag ([`crate::sleep`]): its segments are pages of
 //!   cachalot's own, which a pause gives back and a resume brings back at the
 //!   same addresses, the blocks unchanged (not PyTorch's: cachalot's own).
@@ -24,6 +28,7 @@
 
 mod arena;
 mod block;
+mod capture_reuse;
 mod event_queues;
 mod expandable;
 mod grow;

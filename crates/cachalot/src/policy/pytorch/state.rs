@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::addr_map::AddrMap;
-use crate::backend::{Backend, DevicePtr, EventId, StreamId};
+use crate::backend::{Backend, DevicePtr, EventId, GraphNode, StreamId};
 use crate::config::AllocatorConfig;
 
 use super::block::{BlockId, Blocks, SegmentId, Segments};
@@ -65,6 +65,12 @@ pub(crate) struct State {
     /// are recorded once no route is open (PyTorch queries no event during a
     /// capture).
     pub(crate) deferred: VecDeque<BlockId>,
+    /// `graph_capture_record_stream_reuse`: deferred blocks may be reused
+    /// during the capture (`capture_reuse.rs`).
+    pub(crate) capture_reuse: bool,
+    /// The free marks of deferred blocks that may be reused during the
+    /// capture: the capture's nodes their other streams' uses end at.
+    pub(crate) free_marks: HashMap<BlockId, Vec<GraphNode>>,
     /// Allocated blocks by address.
     pub(crate) allocated: AddrMap<BlockId>,
     /// Outstanding cross-stream events, per stream, oldest first.
@@ -111,6 +117,8 @@ impl State {
             book: PoolBook::default(),
             tags: HashMap::new(),
             deferred: VecDeque::new(),
+            capture_reuse: config.graph_capture_record_stream_reuse,
+            free_marks: HashMap::new(),
             allocated: AddrMap::default(),
             pending: EventQueues::default(),
             hashes: StreamHashes::new(caps.device),
@@ -129,6 +137,7 @@ impl State {
         let virtual_memory = self.backend.capabilities().virtual_memory;
         self.placement = Placement::new(config, virtual_memory);
         self.gc_threshold = config.garbage_collection_threshold;
+        self.capture_reuse = config.graph_capture_record_stream_reuse;
         let (allocations, segments) = self.oversize_counts();
         self.ledger
             .set_max_split_size(self.placement.max_split_size, allocations, segments);

@@ -59,6 +59,7 @@ impl State {
         if self.book.routing() && !self.blocks[id].stream_uses.is_empty() {
             self.blocks[id].allocated = false;
             self.ledger.free_requested(&self.blocks[id]);
+            self.mark_capture_free(id);
             self.deferred.push_back(id);
             return Ok(());
         }
@@ -113,6 +114,7 @@ impl State {
             let uses = self.hashes.set_order(&kept);
             let events = self.record_events(&uses)?;
             self.deferred.pop_front();
+            self.free_marks.remove(&id);
             self.blocks[id].capture_uses.clear();
             self.await_events(id, events);
         }

@@ -185,6 +185,12 @@ impl State {
                 "deferred block {id:?} is not a freed block awaiting its events"
             );
         }
+        for id in self.free_marks.keys() {
+            ensure_invariant!(
+                self.deferred.contains(id),
+                "block {id:?} has free marks but is not deferred"
+            );
+        }
         Ok(())
     }
 

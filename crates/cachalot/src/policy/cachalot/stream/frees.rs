@@ -3,7 +3,7 @@
 //! them have passed (checked at later allocations, or waited for), then
 //! kept for reuse or merged back into its heap.
 
-use crate::backend::{Backend, BackendResult, EventId, StreamId};
+use crate::backend::{Backend, BackendResult, EventId, GraphNode, StreamId};
 use crate::backing::Backing;
 use crate::error::FreeError;
 
@@ -23,6 +23,19 @@ pub(super) struct Pending {
     /// Streams whose events are still to be recorded: freed while quiet
     /// ([`Pages::quiet`]), the events are recorded once it is not.
     unrecorded: Vec<StreamId>,
+    /// Freed during a capture with [`Pages::capture_reuse`]: the capture's
+    /// frontier on each of `unrecorded` then. Once the stream's own frontier
+    /// follows them all, the block is free without events.
+    marks: Option<Vec<GraphNode>>,
+}
+
+/// The capture frontiers of `streams` (all of them capturing), or `None`.
+fn free_marks(backend: &dyn Backend, streams: &[StreamId]) -> Option<Vec<GraphNode>> {
+    let mut marks = Vec::new();
+    for s in streams {
+        marks.extend(backend.capture_frontier(*s).ok()??);
+    }
+    Some(marks)
 }
 
 fn all_done(backend: &dyn Backend, events: &[EventId]) -> BackendResult<bool> {
@@ -147,8 +160,12 @@ impl StreamState {
             id,
             events: Vec::new(),
             wait_device: false,
+            marks: None,
             unrecorded: streams,
         };
+        if pages.quiet() && pages.capture_reuse() && self.private() {
+            pending.marks = free_marks(pages.backend().as_ref(), &pending.unrecorded);
+        }
         if pages.quiet() {
             self.unrecorded += 1;
         } else {
@@ -305,6 +322,26 @@ impl StreamState {
                 continue;
             }
             let done = self.pending.swap_remove(i);
+            self.complete_pending(pages, done);
+        }
+        Ok(())
+    }
+
+    /// During a capture: completes the frees whose marks the stream's next
+    /// captured work follows (`graph_capture_record_stream_reuse`).
+    pub(super) fn reuse_captured(&mut self, pages: &Pages) -> BackendResult<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let follows = match &self.pending[i].marks {
+                Some(marks) => pages.backend().capture_follows(self.stream, marks)?,
+                None => false,
+            };
+            if !follows {
+                i += 1;
+                continue;
+            }
+            let done = self.pending.swap_remove(i);
+            self.unrecorded = self.unrecorded.saturating_sub(1);
             self.complete_pending(pages, done);
         }
         Ok(())

@@ -35,6 +35,8 @@ impl StreamState {
     fn malloc_inner(&mut self, pages: &Pages, size: u64, requested: u64) -> BackendResult<u64> {
         if !pages.quiet() {
             self.process_events(pages)?;
+        } else if !self.pending.is_empty() {
+            self.reuse_captured(pages)?;
         }
         let p = pool_of(size);
         if pages.granularity() > 0 {

@@ -37,6 +37,9 @@ pub(crate) struct Pages {
     /// Whether a route to a private pool is open (as during a CUDA graph
     /// capture, when no stream or event may be waited for or queried).
     quiet: AtomicBool,
+    /// `graph_capture_record_stream_reuse`: while quiet, a block freed after
+    /// `record_stream` is reused once the capture's graph orders it.
+    capture_reuse: AtomicBool,
 }
 
 impl fmt::Debug for Pages {
@@ -64,6 +67,7 @@ impl Pages {
             most: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             quiet: AtomicBool::new(false),
+            capture_reuse: AtomicBool::new(false),
         };
         pages.set_limit(None);
         pages
@@ -79,6 +83,17 @@ impl Pages {
     /// Sets [`Pages::quiet`].
     pub(crate) fn set_quiet(&self, quiet: bool) {
         self.quiet.store(quiet, Ordering::Relaxed);
+    }
+
+    /// Whether frees during a capture may be reused once its graph orders
+    /// them (`graph_capture_record_stream_reuse`).
+    pub(crate) fn capture_reuse(&self) -> bool {
+        self.capture_reuse.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Pages::capture_reuse`].
+    pub(crate) fn set_capture_reuse(&self, on: bool) {
+        self.capture_reuse.store(on, Ordering::Relaxed);
     }
 
     /// The backend.
