@@ -300,19 +300,26 @@ pub unsafe extern "C" fn cachalot_pool_set_option(
     })
 }
 
-/// Returns pool `(a, b)`'s cached memory to the device (`emptyCache(pool)`).
+/// Returns pool `(a, b)`'s cached memory to the device, on every device that
+/// knows the pool (`emptyCache(pool)`, which a MemPool's destructor calls
+/// whichever device is current); a pool no device knows is nothing to do, as
+/// in PyTorch.
 ///
 /// # Safety
 /// `message` must be NULL or point to a writable `char*`.
 #[no_mangle]
-pub unsafe extern "C" fn cachalot_pool_empty(
-    device: c_int,
-    a: u64,
-    b: u64,
-    message: *mut *mut c_char,
-) -> c_int {
+pub unsafe extern "C" fn cachalot_pool_empty(a: u64, b: u64, message: *mut *mut c_char) -> c_int {
     reply(message, || {
-        on_device(device, |d| d.empty_pool_cache(id(a, b)))
+        let pool = id(a, b);
+        for (device, allocator) in registry()?.devices() {
+            if allocator.pool_options(pool).is_err() {
+                continue;
+            }
+            allocator
+                .empty_pool_cache(pool)
+                .map_err(|source| PluginError::Allocator { device, source })?;
+        }
+        Ok(())
     })
 }
 

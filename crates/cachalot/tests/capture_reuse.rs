@@ -10,6 +10,7 @@ use std::sync::Arc;
 use cachalot::backend::sim::SimBackend;
 use cachalot::policy::create;
 use cachalot::private_pool::PoolId;
+use cachalot::snapshot::BlockState;
 use cachalot::{AllocatorConfig, DeviceAllocator, StreamId};
 
 const POLICIES: [&str; 2] = ["pytorch", "cachalot"];
@@ -21,6 +22,13 @@ fn make(policy: &str, reuse: bool) -> (Arc<SimBackend>, Arc<dyn DeviceAllocator>
     let conf = format!("policy:{policy},graph_capture_record_stream_reuse:{flag}");
     let a = create(sim.clone(), AllocatorConfig::parse(&conf).unwrap()).unwrap();
     (sim, a)
+}
+
+/// The snapshot's state of the block at `addr`.
+fn state_at(a: &dyn DeviceAllocator, addr: u64) -> Option<BlockState> {
+    let snap = a.snapshot();
+    let mut blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+    blocks.find(|b| b.address == addr).map(|b| b.state)
 }
 
 /// Ends the capture, frees `live`, releases the graph's pool and checks that
@@ -87,6 +95,7 @@ fn a_free_waits_until_every_use_is_joined() {
         a.record_stream(kept, outside).unwrap();
         a.free(data1).unwrap();
         a.free(kept).unwrap();
+        assert_eq!(state_at(a.as_ref(), kept), Some(BlockState::ActivePendingFree));
         assert!(sim.capture_wait(s1, s2));
         sim.capture_work(s1).unwrap();
         assert!(sim.capture_wait(s3, s4));

@@ -276,11 +276,18 @@ fn a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it() {
     let x = a.malloc(MIB, S0).unwrap();
     let y = a.malloc(MIB, S0).unwrap();
     let z = a.malloc(MIB, S0).unwrap();
+    let before = a.stats().allocated_bytes.all.current;
+    let w = a.malloc(19 * MIB + MIB / 2, S0).unwrap();
+    assert_eq!(
+        a.stats().allocated_bytes.all.current - before,
+        20 * MIB as i64,
+        "plain segments' split rule: a 512 KiB remainder stays with the block"
+    );
     a.end_allocate_to_pool(pool).unwrap();
     assert_eq!(
         own.live.lock().unwrap().len(),
-        2,
-        "two small segments of 2 MiB"
+        3,
+        "two small segments of 2 MiB and one of 20 MiB"
     );
     assert!(x >= 1 << 44 && y == x + MIB && z >= 1 << 44);
     let outside = a.malloc(MIB, S0).unwrap();
@@ -290,8 +297,8 @@ fn a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it() {
         1,
         "the default pool maps pages"
     );
-    assert_eq!(snap.segments.iter().filter(|s| !s.is_expandable).count(), 2);
-    for p in [x, y, z, outside] {
+    assert_eq!(snap.segments.iter().filter(|s| !s.is_expandable).count(), 3);
+    for p in [x, y, z, w, outside] {
         a.free(p).unwrap();
     }
     a.release_pool(pool).unwrap();

@@ -88,7 +88,7 @@ int cachalot_pool_set_source(
     char**);
 int cachalot_pool_use_count(int, uint64_t, uint64_t, int*, char**);
 int cachalot_pool_set_option(int, uint64_t, uint64_t, int, int, char**);
-int cachalot_pool_empty(int, uint64_t, uint64_t, char**);
+int cachalot_pool_empty(uint64_t, uint64_t, char**);
 int cachalot_pool_allocations(int, uint64_t, uint64_t, cachalot_pool_allocation*, size_t, size_t*, char**);
 int cachalot_pool_restore(int, uint64_t, uint64_t, const cachalot_pool_allocation*, size_t, char**);
 int cachalot_ipc_share(void*, uint8_t*, size_t, size_t*, uint64_t*, char**);

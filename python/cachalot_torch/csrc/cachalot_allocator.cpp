@@ -285,10 +285,9 @@ class CachalotAllocator final : public cca::CUDAAllocator {
   void emptyCache(MempoolId_t mempool_id) override {
     char* message = nullptr;
     if (!is_default(mempool_id)) {
-      int device = c10::cuda::current_device();
       TaggedCall tag(history_, CallKind::Other);
       check(
-          cachalot_pool_empty(device, mempool_id.first, mempool_id.second, &message),
+          cachalot_pool_empty(mempool_id.first, mempool_id.second, &message),
           &message,
           "empty_cache of a private pool");
       return;

@@ -24,7 +24,7 @@ impl State {
             return Ok(None);
         }
         let source = self.book.source(req.pool);
-        if self.placement.expandable && source.is_none() {
+        if req.expandable {
             return self.alloc_expandable(req);
         }
         let allocated = match &source {

@@ -35,6 +35,7 @@ impl State {
             stream,
             alloc_size: allocation_size(rounded),
             pool,
+            expandable: self.placement.expandable && self.book.source(pool).is_none(),
         };
         let found = match self.get_free_block(&req) {
             Some(id) => Some((id, options)),
@@ -43,10 +44,12 @@ impl State {
         let Some((id, options)) = found else {
             return Err(self.out_of_memory(&req));
         };
+        let b = &self.blocks[id];
+        let expandable = req.expandable && b.pool == req.pool;
         let split = !options.no_split
             && self
                 .placement
-                .should_split(req.small, self.blocks[id].size, req.size);
+                .should_split(req.small, expandable, b.size, req.size);
         Ok(self.alloc_found_block(id, &req, split))
     }
 

@@ -77,10 +77,16 @@ impl Placement {
     }
 
     /// Whether a block of `block` bytes serving `size` bytes leaves a remainder
-    /// worth splitting off.
-    pub(crate) fn should_split(&self, small: bool, block: u64, size: u64) -> bool {
+    /// worth splitting off (`expandable`: under expandable segments' rule).
+    pub(crate) fn should_split(
+        &self,
+        small: bool,
+        expandable: bool,
+        block: u64,
+        size: u64,
+    ) -> bool {
         let remaining = block - size;
-        if small || self.expandable {
+        if small || expandable {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.max_split_size && remaining > SMALL_SIZE
@@ -184,21 +190,20 @@ mod tests {
     #[test]
     fn split_and_oversize_rules() {
         let p = placement("");
-        assert!(p.should_split(true, 2 * MIB, 2 * MIB - 512));
+        assert!(p.should_split(true, false, 2 * MIB, 2 * MIB - 512));
         assert!(
-            !p.should_split(false, 16 * MIB, 15 * MIB),
+            !p.should_split(false, false, 16 * MIB, 15 * MIB),
             "1 MiB remainder is not split"
         );
-        assert!(p.should_split(false, 20 * MIB, 5 * MIB));
+        assert!(p.should_split(false, false, 20 * MIB, 5 * MIB));
         let m = placement("max_split_size_mb:64");
         assert!(
-            !m.should_split(false, 200 * MIB, 100 * MIB),
+            !m.should_split(false, false, 200 * MIB, 100 * MIB),
             "oversize requests never split"
         );
         assert!(!m.oversize_allows(30 * MIB, 100 * MIB));
         assert!(m.oversize_allows(100 * MIB, 110 * MIB));
         assert!(!m.oversize_allows(100 * MIB, 120 * MIB));
-        let e = placement("expandable_segments:True");
-        assert!(e.should_split(false, 20 * MIB, 20 * MIB - 512));
+        assert!(p.should_split(false, true, 20 * MIB, 20 * MIB - 512));
     }
 }

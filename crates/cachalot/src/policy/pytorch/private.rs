@@ -182,6 +182,7 @@ impl State {
             stream: a.stream,
             alloc_size: a.size,
             pool: slot,
+            expandable: false,
         };
         self.uncache(id);
         let split = self.blocks[id].size > a.size;
@@ -232,6 +233,7 @@ impl State {
             }
             let borrowed = super::state::Request {
                 pool: r.slot,
+                expandable: false,
                 ..*req
             };
             if let Some(id) = self.get_free_block(&borrowed) {

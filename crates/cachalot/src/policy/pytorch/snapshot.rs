@@ -52,7 +52,9 @@ fn empty_segment(device: usize, seg: &Segment, first: &Block, pool_id: PoolId) -
 fn block_info(b: &Block) -> BlockInfo {
     let state = if b.allocated {
         BlockState::ActiveAllocated
-    } else if b.event_count > 0 {
+    } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+        // Waiting for its events, or freed during a capture and waiting for
+        // them to be recorded (PyTorch counts both as active).
         BlockState::ActivePendingFree
     } else {
         BlockState::Inactive

@@ -32,6 +32,10 @@ pub(crate) struct Request {
     pub(crate) alloc_size: u64,
     /// The private pool it goes to (0: the default pools).
     pub(crate) pool: u32,
+    /// Expandable segments serve it: on for the device and the pool has no
+    /// allocator of its own (PyTorch's `is_expandable_segments_active`); off
+    /// for a block borrowed from another pool.
+    pub(crate) expandable: bool,
 }
 
 /// Everything behind the allocator's lock.
@@ -240,7 +244,7 @@ impl State {
             let mut fits = pool.fits(req.stream, req.size).map(|(_, id)| id);
             let mut best = fits.next()?;
             if blocks[best].expandable {
-                if self.placement.expandable {
+                if req.expandable {
                     let grown = |id: BlockId| {
                         let b = &blocks[id];
                         b.size
