@@ -41,9 +41,8 @@ print("RESULT", freed, x.data_ptr() == address, int(x.sum().item()), flush=True)
 
 def test_pause_and_resume_keep_addresses(torch_gpu):
     pytest.importorskip("torch_memory_saver")
-    if cachalot_torch.config()["policy"] != "pytorch":
-        pytest.skip("MemPool(allocator=...) is served under the pytorch policy only")
-    env = dict(os.environ, CACHALOT_ALLOC_CONF="policy:pytorch")
+    policy = cachalot_torch.config()["policy"]
+    env = dict(os.environ, CACHALOT_ALLOC_CONF=f"policy:{policy}")
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, f"exit {done.returncode}: {done.stderr[-2000:]}"

@@ -100,6 +100,10 @@ macro_rules! conformance_suite {
                 $crate::pools::restore_pool_puts_allocations_back(&*make());
             }
             #[test]
+            fn own_allocator_pools_take_segments_from_it() {
+                $crate::pools::own_allocator_pools_take_segments_from_it(&*make());
+            }
+            #[test]
             fn no_split_pools_keep_allocations_apart() {
                 $crate::pools::no_split_pools_keep_allocations_apart(&*make());
             }

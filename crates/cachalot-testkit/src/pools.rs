@@ -1,9 +1,10 @@
 //! Conformance checks of private pools (CUDA graph pools, `MemPool`), each a
 //! function of a fresh allocator.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter};
+use cachalot::backend::{Backend, BackendResult, DevicePtr};
+use cachalot::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};
 use cachalot::snapshot::BlockState;
 use cachalot::{DeviceAllocator, Error, PolicyKind, StreamId};
 
@@ -228,6 +229,87 @@ pub fn no_split_pools_keep_allocations_apart(a: &dyn DeviceAllocator) {
     a.release_pool(MEMPOOL).unwrap();
     a.release_pool(MEMPOOL).unwrap();
     a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    valid(a);
+}
+
+/// A pool's own allocator (`MemPool(allocator=...)`) over the device's
+/// segments, keeping the segments it gave.
+#[derive(Debug)]
+pub struct OwnAllocator {
+    backend: Arc<dyn Backend>,
+    /// The segments given and not yet taken back: (address, size).
+    pub live: Mutex<Vec<(DevicePtr, u64)>>,
+}
+
+impl OwnAllocator {
+    /// An allocator of `backend`'s segments.
+    pub fn new(backend: Arc<dyn Backend>) -> OwnAllocator {
+        OwnAllocator {
+            backend,
+            live: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn holds(&self, ptr: DevicePtr) -> bool {
+        let live = self.live.lock().expect("not poisoned");
+        live.iter().any(|(at, n)| *at <= ptr && ptr < at + n)
+    }
+}
+
+impl SegmentSource for OwnAllocator {
+    fn allocate(&self, size: u64) -> BackendResult<DevicePtr> {
+        let at = self.backend.allocate_segment(size)?;
+        self.live.lock().expect("not poisoned").push((at, size));
+        Ok(at)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> BackendResult<()> {
+        self.backend.free_segment(ptr)?;
+        let mut live = self.live.lock().expect("not poisoned");
+        live.retain(|s| *s != (ptr, size));
+        Ok(())
+    }
+}
+
+/// `MemPool(allocator=...)`: the pool's blocks lie in segments of its own
+/// allocator, blocks outside the pool do not, and the segments go back to it
+/// once the pool is released and the cache emptied.
+pub fn own_allocator_pools_take_segments_from_it(a: &dyn DeviceAllocator) {
+    let own = Arc::new(OwnAllocator::new(a.backend().clone()));
+    a.create_pool(MEMPOOL).unwrap();
+    a.set_pool_source(MEMPOOL, own.clone()).unwrap();
+    a.begin_allocate_to_pool(MEMPOOL, Arc::new(|_| true))
+        .unwrap();
+    let inside: Vec<u64> = [MIB, 5 * MIB, 700, 30 * MIB]
+        .iter()
+        .map(|n| a.malloc(*n, S0).unwrap())
+        .collect();
+    a.end_allocate_to_pool(MEMPOOL).unwrap();
+    let outside = a.malloc(MIB, S0).unwrap();
+    valid(a);
+    for p in &inside {
+        assert!(
+            own.holds(*p),
+            "{p:#x} lies in a segment of the pool's allocator"
+        );
+        assert_eq!(pool_of(a, *p), MEMPOOL);
+    }
+    assert!(
+        !own.holds(outside),
+        "the default pool's memory is the device's"
+    );
+    for p in inside.into_iter().chain([outside]) {
+        a.free(p).unwrap();
+    }
+    valid(a);
+    a.release_pool(MEMPOOL).unwrap();
+    a.release_pool(MEMPOOL).unwrap();
+    a.empty_cache().unwrap();
+    assert!(
+        own.live.lock().unwrap().is_empty(),
+        "given back to the pool's allocator"
+    );
     assert_eq!(a.memory_reserved(), 0);
     valid(a);
 }

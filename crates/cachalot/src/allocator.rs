@@ -181,8 +181,7 @@ pub trait PrivatePools {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unknown
-    /// pool, or from a policy that serves private pools from its own memory
-    /// only (the cachalot policy: its pools are mapped pages).
+    /// pool, or a tag (whose memory is cachalot's own pages).
     fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()>;
 
     /// Private pool `id`'s options.

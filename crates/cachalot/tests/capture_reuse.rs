@@ -95,7 +95,10 @@ fn a_free_waits_until_every_use_is_joined() {
         a.record_stream(kept, outside).unwrap();
         a.free(data1).unwrap();
         a.free(kept).unwrap();
-        assert_eq!(state_at(a.as_ref(), kept), Some(BlockState::ActivePendingFree));
+        assert_eq!(
+            state_at(a.as_ref(), kept),
+            Some(BlockState::ActivePendingFree)
+        );
         assert!(sim.capture_wait(s1, s2));
         sim.capture_work(s1).unwrap();
         assert!(sim.capture_wait(s3, s4));

@@ -20,6 +20,7 @@ use spin::mutex::{SpinMutex, SpinMutexGuard};
 use spin::relax::Yield;
 
 use crate::backend::{DevicePtr, StreamId};
+use crate::private_pool::SegmentSource;
 
 use super::stream::StreamState;
 use super::vm::ranges::RangeTable;
@@ -144,19 +145,21 @@ impl Directory {
     }
 
     /// The entry of `stream` in pool slot `pool`: the one published for
-    /// it; else an idle entry taken over ([`StreamState::recycle`]); else
-    /// a new one, made with `make`.
+    /// it; else an idle entry taken over ([`StreamState::recycle`], for a
+    /// pool whose segments come from `source`); else a new one, made with
+    /// `make`.
     pub(crate) fn get_or_create(
         &self,
         stream: StreamId,
         pool: u32,
+        source: &Option<Arc<dyn SegmentSource>>,
         make: impl FnOnce(Arc<RangeTable>) -> StreamState,
     ) -> &StreamEntry {
         let _guard = self.freeze();
         if let Some(e) = self.get(stream, pool) {
             return e;
         }
-        if let Some(e) = self.iter().find(|e| e.lock().recycle(stream, pool)) {
+        if let Some(e) = self.iter().find(|e| e.lock().recycle(stream, pool, source)) {
             e.publish(stream, pool);
             return e;
         }

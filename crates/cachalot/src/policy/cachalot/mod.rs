@@ -192,6 +192,7 @@ mod validate;
 mod vm;
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -225,6 +226,9 @@ pub struct CachalotAllocator {
     stream_config: StreamConfig,
     start: Instant,
     book: Mutex<PoolBook>,
+    /// Whether a lane of a pool with an allocator of its own was made: its
+    /// segments lie in no stream's range, so a free may have to ask each.
+    sourced_lanes: AtomicBool,
 }
 
 impl fmt::Debug for CachalotAllocator {
@@ -253,6 +257,7 @@ impl CachalotAllocator {
             stream_config,
             start: Instant::now(),
             book: Mutex::new(PoolBook::default()),
+            sourced_lanes: AtomicBool::new(false),
             config,
         };
         allocator
@@ -475,13 +480,11 @@ impl PrivatePools for CachalotAllocator {
         self.restore_private_pool(id, live)
     }
 
+    /// The pool's lanes carve their blocks from segments of `source`, as
+    /// the policy does without virtual memory (set before the pool's first
+    /// allocation; lanes made before keep what they had).
     fn set_pool_source(&self, id: PoolId, source: Arc<dyn SegmentSource>) -> Result<()> {
-        let _ = (id, source);
-        Err(Error::InvalidArgument(
-            "the cachalot policy serves private pools from its own memory only (its pools are \
-             mapped pages): use policy:pytorch for MemPool(allocator=...)"
-                .into(),
-        ))
+        self.book().set_source(id, source)
     }
 }
 

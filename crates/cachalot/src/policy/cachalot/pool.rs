@@ -7,10 +7,11 @@
 //! new pages.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::backend::{BackendError, BackendResult, CallKind, PageHandle};
 use crate::backing::Backing;
-use crate::private_pool::PoolId;
+use crate::private_pool::{PoolId, SegmentSource};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 use super::heap::reuse::{Kept, Recent, Reuse};
@@ -70,6 +71,9 @@ pub(crate) struct Pool {
     keeps: bool,
     /// Pages of the large pool's kept blocks (see [`Pool::pages_of`]).
     kept_pages: u64,
+    /// A private pool's own allocator (`MemPool(allocator=...)`): its
+    /// segments come from there, never pages.
+    source: Option<Arc<dyn SegmentSource>>,
 }
 
 impl Pool {
@@ -88,7 +92,13 @@ impl Pool {
             },
             keeps,
             kept_pages: 0,
+            source: None,
         }
+    }
+
+    /// Sets where the pool's segments come from (`None`: the device).
+    pub(crate) fn set_source(&mut self, source: Option<Arc<dyn SegmentSource>>) {
+        self.source = source;
     }
 
     /// Whether freed blocks are kept for exact-size reuse, staying in the
@@ -322,7 +332,7 @@ impl Pool {
         } else {
             size.div_ceil(SEGMENT_UNIT) * SEGMENT_UNIT
         };
-        let base = pages.allocate_segment(bytes)?;
+        let base = pages.allocate_segment(self.source.as_deref(), bytes)?;
         let before = self.heap.split_free();
         self.heap.add_region(base, bytes);
         ledger.segment_allocated(self.small, base, bytes);
@@ -522,7 +532,7 @@ impl Pool {
                 let before = self.heap.split_free();
                 self.heap.remove_region(base);
                 pages
-                    .free_segment(base, size)
+                    .free_segment(self.source.as_deref(), base, size)
                     .inspect_err(|_| self.heap.add_region(base, size))?;
                 ledger.segment_freed(self.small, base, size);
                 ledger.splits_changed(self.small, before, self.heap.split_free());

@@ -2,6 +2,8 @@
 //! the stream's first one), by address for a free; and running an operation
 //! under the stream's lock, its changes journaled for the device's peaks.
 
+use std::sync::atomic::Ordering;
+
 use crate::backend::{DevicePtr, StreamId};
 use crate::error::{Error, FreeError, Result};
 use crate::stats::MemoryStats;
@@ -53,6 +55,14 @@ impl CachalotAllocator {
     #[cold]
     #[inline(never)]
     fn new_entry(&self, stream: StreamId, pool: u32) -> &StreamEntry {
+        let source = if pool == 0 {
+            None
+        } else {
+            self.book().source(pool)
+        };
+        if source.is_some() {
+            self.sourced_lanes.store(true, Ordering::Relaxed);
+        }
         // Streams are created one at a time, under the merge state's lock.
         let mut merged = self.journal.lock();
         let make = |ranges| {
@@ -76,9 +86,16 @@ impl CachalotAllocator {
             if merged.is_some() {
                 ledger.keep_journal(&self.journal);
             }
-            StreamState::new(stream, ledger, self.stream_config, ranges, pool)
+            StreamState::new(
+                stream,
+                ledger,
+                self.stream_config,
+                ranges,
+                pool,
+                source.clone(),
+            )
         };
-        self.streams.get_or_create(stream, pool, make)
+        self.streams.get_or_create(stream, pool, &source, make)
     }
 
     /// Runs `f` under the lock of the stream owning `ptr`: the stream whose
@@ -97,7 +114,8 @@ impl CachalotAllocator {
     }
 
     /// [`CachalotAllocator::with_owner`] when no stream's range holds `ptr`:
-    /// without virtual memory, each stream in turn until one knows it.
+    /// without virtual memory, or once a pool has an allocator of its own
+    /// (its segments lie in no range), each stream in turn until one knows it.
     #[cold]
     #[inline(never)]
     fn ask_every_stream<T>(
@@ -106,7 +124,7 @@ impl CachalotAllocator {
         mut f: impl FnMut(&mut StreamState) -> std::result::Result<T, FreeError>,
     ) -> Result<T> {
         let mut reason = FreeError::Foreign;
-        if self.pages.granularity() == 0 {
+        if self.pages.granularity() == 0 || self.sourced_lanes.load(Ordering::Relaxed) {
             for entry in self.streams.iter() {
                 match f(&mut entry.lock()) {
                     Ok(v) => return Ok(v),
@@ -196,9 +214,9 @@ mod tests {
         let (a, b) = (StreamId(1), StreamId(2));
         alloc.on_stream(a, 0, |_| ());
         let stale = alloc.streams.get(a, 0).unwrap();
-        let taken = alloc
-            .streams
-            .get_or_create(b, 0, |_| unreachable!("a's empty entry is taken over"));
+        let taken = alloc.streams.get_or_create(b, 0, &None, |_| {
+            unreachable!("a's empty entry is taken over")
+        });
         assert!(std::ptr::eq(taken, stale), "empty: taken over by b");
         let ran = alloc.journaled(stale, |st| st.is(a, 0));
         assert!(!ran, "the stale entry is b's now");

@@ -39,7 +39,7 @@ impl StreamState {
             self.reuse_captured(pages)?;
         }
         let p = pool_of(size);
-        if pages.granularity() > 0 {
+        if pages.granularity() > 0 && self.source.is_none() {
             self.malloc_mapped(pages, p, size, requested)
         } else {
             self.malloc_segmented(pages, p, size, requested)

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backend::{BackendResult, EventId, StreamId};
+use crate::private_pool::SegmentSource;
 use crate::snapshot::SegmentInfo;
 
 use super::budget::Budget;
@@ -58,6 +59,9 @@ pub(crate) struct StreamState {
     unsynced: bool,
     config: StreamConfig,
     ranges: Arc<RangeTable>,
+    /// A private pool's own allocator (`MemPool(allocator=...)`): the lane
+    /// carves its blocks from segments it gives, never pages.
+    source: Option<Arc<dyn SegmentSource>>,
     /// The private pool's slot (0: the default pools). A lane of a private
     /// pool never re-maps its pages (a graph replays at the addresses it
     /// captured, freed blocks included).
@@ -72,13 +76,16 @@ impl StreamState {
         config: StreamConfig,
         ranges: Arc<RangeTable>,
         slot: u32,
+        source: Option<Arc<dyn SegmentSource>>,
     ) -> StreamState {
+        let keeps = config.range_size > 0 && config.threshold.is_none() && source.is_none();
+        let mut pools = [Pool::new(true, keeps), Pool::new(false, false)];
+        for p in &mut pools {
+            p.set_source(source.clone());
+        }
         StreamState {
             stream,
-            pools: [
-                Pool::new(true, config.range_size > 0 && config.threshold.is_none()),
-                Pool::new(false, false),
-            ],
+            pools,
             ledger,
             recorded: HashMap::new(),
             pending: Vec::new(),
@@ -88,6 +95,7 @@ impl StreamState {
             unsynced: false,
             config,
             ranges,
+            source,
             slot,
         }
     }
@@ -117,14 +125,25 @@ impl StreamState {
     /// nothing: no block (allocated, waiting or kept), no page or segment,
     /// no free waiting for another stream. Its reserved ranges (empty) stay
     /// and serve the new stream; its statistics go on (the device's figures
-    /// are sums over states), its page history starts afresh. Whether it
-    /// was taken over.
-    pub(crate) fn recycle(&mut self, stream: StreamId, slot: u32) -> bool {
+    /// are sums over states), its page history starts afresh. A lane whose
+    /// segments come from a pool's own allocator serves only another such
+    /// lane (it has no ranges), with the new pool's `source`. Whether it was
+    /// taken over.
+    pub(crate) fn recycle(
+        &mut self,
+        stream: StreamId,
+        slot: u32,
+        source: &Option<Arc<dyn SegmentSource>>,
+    ) -> bool {
         let holds = self.reserved() > 0
             || !self.pending.is_empty()
             || self.pools.iter().any(|p| p.heap.live_count() > 0);
-        if holds {
+        if holds || self.source.is_some() != source.is_some() {
             return false;
+        }
+        self.source.clone_from(source);
+        for p in &mut self.pools {
+            p.set_source(source.clone());
         }
         self.stream = stream;
         self.slot = slot;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
+use crate::private_pool::SegmentSource;
 
 /// Multi-page handles are made only while the device (or the limit) stays
 /// at most 1/N full with them: under pressure a handle a live block still
@@ -210,17 +211,32 @@ impl Pages {
         self.held() - orphans.iter().map(|(_, bytes)| bytes).sum::<u64>()
     }
 
-    /// Allocates a segment.
-    pub(crate) fn allocate_segment(&self, size: u64) -> BackendResult<DevicePtr> {
+    /// Allocates a segment from `source` (a private pool's own allocator)
+    /// or the device.
+    pub(crate) fn allocate_segment(
+        &self,
+        source: Option<&dyn SegmentSource>,
+        size: u64,
+    ) -> BackendResult<DevicePtr> {
         self.charge(CallKind::SegmentAlloc, size)?;
-        self.backend
-            .allocate_segment(size)
-            .inspect_err(|_| self.refund(size))
+        match source {
+            Some(s) => s.allocate(size),
+            None => self.backend.allocate_segment(size),
+        }
+        .inspect_err(|_| self.refund(size))
     }
 
-    /// Frees a segment of `size` bytes.
-    pub(crate) fn free_segment(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
-        self.backend.free_segment(base)?;
+    /// Frees a segment of `size` bytes to where it came from.
+    pub(crate) fn free_segment(
+        &self,
+        source: Option<&dyn SegmentSource>,
+        base: DevicePtr,
+        size: u64,
+    ) -> BackendResult<()> {
+        match source {
+            Some(s) => s.free(base, size)?,
+            None => self.backend.free_segment(base)?,
+        }
         self.refund(size);
         Ok(())
     }
@@ -252,8 +268,8 @@ mod tests {
         let c = pages.create_pages(3).unwrap();
         assert_eq!(pages.held(), 6 << 20, "one handle of three pages");
         pages.release_pages(c, 3).unwrap();
-        let s = pages.allocate_segment(8 << 20).unwrap();
-        pages.free_segment(s, 8 << 20).unwrap();
+        let s = pages.allocate_segment(None, 8 << 20).unwrap();
+        pages.free_segment(None, s, 8 << 20).unwrap();
         assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
     }
 }
