@@ -12,6 +12,11 @@ the tests left. Prints a table of every test with its result per configuration
 
 Usage: pytorch_tests.py TEST_DIR [--configs native,pytorch,cachalot]
        [--only REGEX] [--budget SECONDS] [--reuse JSON] [--json FILE] [--markdown FILE]
+       [--gpus N]
+
+--gpus N runs the configurations side by side, each on one of N GPUs of its
+own (CUDA_VISIBLE_DEVICES) with an extension build folder of its own; tests
+that need two GPUs then skip, as on a one-GPU machine.
 
 --reuse takes the results of the configurations not run now from an earlier
 run's JSON (the same machine and torch: native's results do not change with
@@ -25,6 +30,7 @@ child process by the test itself runs on PyTorch's allocator there.
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -60,8 +66,9 @@ def pytest_command(python, extra):
     return [python, "-m", "pytest", "-p", "pttests_plugin", "-p", "no:cacheprovider", "-q", "--tb=short", *extra]
 
 
-def environment(conf, log):
+def environment(conf, log, extra=None):
     env = dict(os.environ)
+    env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PTTESTS_CACHALOT", None)
@@ -107,11 +114,11 @@ def crash_text(output):
     return output[at:at + 1200] if at >= 0 else output[-800:]
 
 
-def drop_build_locks(python):
+def drop_build_locks(python, extra):
     """Removes the lock files a killed process left in torch's extension build
     folders (tests build extensions with load_inline): the next process would
-    wait on them for ever. Nothing else builds meanwhile."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or subprocess.run(
+    wait on them for ever. Nothing else builds there meanwhile."""
+    root = extra.get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR") or subprocess.run(
         [python, "-c", "from torch.utils import cpp_extension; print(cpp_extension.get_default_build_root())"],
         capture_output=True, text=True, check=False,
     ).stdout.strip()
@@ -120,17 +127,17 @@ def drop_build_locks(python):
             lock.unlink(missing_ok=True)
 
 
-def run_once(python, test_dir, conf, tests, seconds, logs):
+def run_once(python, test_dir, conf, tests, seconds, logs, extra):
     """One pytest process over `tests`; the results it got to, and the exit code."""
     log = Path(tempfile.mkstemp(prefix="pttests-", suffix=".jsonl", dir=logs)[1])
     cmd = pytest_command(python, [*tests])
     try:
-        proc = subprocess.run(cmd, cwd=test_dir, env=environment(conf, log), capture_output=True,
+        proc = subprocess.run(cmd, cwd=test_dir, env=environment(conf, log, extra), capture_output=True,
                               text=True, timeout=max(seconds, 1), check=False)
         code, tail = proc.returncode, crash_text(proc.stdout + proc.stderr)
     except subprocess.TimeoutExpired as e:
         code, tail = "timeout", crash_text(str(e.stdout or ""))
-        drop_build_locks(python)
+        drop_build_locks(python, extra)
     started, ended = read_log(log)
     for test in started:
         if test not in ended:
@@ -140,14 +147,14 @@ def run_once(python, test_dir, conf, tests, seconds, logs):
     return ended, code
 
 
-def run_config(python, test_dir, name, conf, tests, budget, logs):
+def run_config(python, test_dir, name, conf, tests, budget, logs, extra=None):
     """Every test under one configuration, restarting after a crash."""
     results, left, deadline = {}, list(tests), time.monotonic() + budget
     while left:
         seconds = deadline - time.monotonic()
         if seconds <= 0:
             break
-        got, code = run_once(python, test_dir, conf, left, seconds, logs)
+        got, code = run_once(python, test_dir, conf, left, seconds, logs, extra or {})
         results.update(got)
         progressed = any(t in got for t in left)
         left = [t for t in left if t not in results]
@@ -200,6 +207,7 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--gpus", type=int, default=1, help="run configurations side by side, one GPU each")
     args = ap.parse_args()
     run = [c for c in args.configs.split(",") if c]
     earlier = json.loads(args.reuse.read_text())["tests"] if args.reuse else {}
@@ -216,12 +224,20 @@ def main():
     missing = {"outcome": "not run", "message": "not in the reused results"}
     table = {t: {c: earlier.get(t, {}).get(c, missing) for c in reused} for t in tests}
     with tempfile.TemporaryDirectory(prefix="pttests-") as logs:
-        for name in run:
+        def one(slot, name):
+            extra = {}
+            if args.gpus > 1:
+                extra = {"CUDA_VISIBLE_DEVICES": str(slot % args.gpus),
+                         "TORCH_EXTENSIONS_DIR": str(Path(logs) / f"extensions-{name}")}
             started = time.monotonic()
-            results = run_config(args.python, test_dir, name, CONFIGS[name], tests, args.budget, logs)
-            for test in tests:
-                table[test][name] = results[test]
+            results = run_config(args.python, test_dir, name, CONFIGS[name], tests, args.budget, logs, extra)
             print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
+            return name, results
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.gpus, 1)) as pool:
+            for name, results in pool.map(one, range(len(run)), run):
+                for test in tests:
+                    table[test][name] = results[test]
     counts, regressions = summary(table, configs)
     text = markdown(table, configs, counts, regressions)
     print(text)

@@ -312,6 +312,31 @@ pub fn own_allocator_pools_take_segments_from_it(a: &dyn DeviceAllocator) {
     );
     assert_eq!(a.memory_reserved(), 0);
     valid(a);
+    // The next pools (which may take the forgotten pool's place) get their
+    // memory from their own allocator, or the device, never from the first.
+    let other = Arc::new(OwnAllocator::new(a.backend().clone()));
+    for (id, source) in [(PoolId(0, 2), Some(other.clone())), (PoolId(0, 3), None)] {
+        a.create_pool(id).unwrap();
+        if let Some(s) = source {
+            a.set_pool_source(id, s).unwrap();
+        }
+        a.begin_allocate_to_pool(id, Arc::new(|_| true)).unwrap();
+        let p = a.malloc(MIB, S0).unwrap();
+        a.end_allocate_to_pool(id).unwrap();
+        assert!(!own.holds(p), "{id}: not the first pool's allocator");
+        assert_eq!(
+            other.holds(p),
+            id == PoolId(0, 2),
+            "{id}: its own allocator"
+        );
+        a.free(p).unwrap();
+        a.release_pool(id).unwrap();
+        a.release_pool(id).unwrap();
+        a.empty_cache().unwrap();
+        valid(a);
+    }
+    assert!(other.live.lock().unwrap().is_empty());
+    assert_eq!(a.memory_reserved(), 0);
 }
 
 /// A checkpoint of a pool's live allocations, restored after the pool's

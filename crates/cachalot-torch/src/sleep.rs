@@ -159,6 +159,7 @@ impl TagBook {
     /// # Errors
     /// A device that cannot answer.
     pub fn states(&self, registry: &Registry) -> PluginResult<Vec<PoolState>> {
+        self.forget_gone(registry);
         let mut out = Vec::new();
         for (tag, pools) in self.lock().iter() {
             for pool in pools {
@@ -186,6 +187,7 @@ impl TagBook {
         pausing: bool,
         act: impl Fn(&dyn cachalot::DeviceAllocator, PoolId) -> cachalot::Result<SleepReport>,
     ) -> PluginResult<Totals> {
+        self.forget_gone(registry);
         let pools = self.pools(name)?;
         let mut totals = Totals::default();
         let mut acted = false;
@@ -207,6 +209,21 @@ impl TagBook {
             act(allocator.as_ref(), first.id()).map_err(PluginError::allocator(first.device))?;
         }
         Ok(totals)
+    }
+
+    /// Forgets the pools their devices no longer know (their `MemPool`s
+    /// went and the library forgot them once empty), and names left with
+    /// none.
+    fn forget_gone(&self, registry: &Registry) {
+        let mut names = self.lock();
+        for pools in names.values_mut() {
+            pools.retain(|p| {
+                registry
+                    .device(p.device as i64)
+                    .is_ok_and(|a| a.pool_options(p.id()).is_ok())
+            });
+        }
+        names.retain(|_, pools| !pools.is_empty());
     }
 
     /// The pools of `name`, or of every name.
@@ -397,6 +414,28 @@ mod tests {
             (20 * MIB, 30 * MIB)
         );
         assert_eq!(a.memory_reserved(), 0, "the tag paused, the cache released");
+        a.validate().unwrap();
+    }
+
+    /// A tag whose MemPool went (its last use released, its memory freed and
+    /// the cache emptied) leaves the book: listing tags and pausing every
+    /// tag do not stumble on it.
+    #[test]
+    fn tags_whose_pools_went_are_forgotten() {
+        let (r, book) = (sim_registry(), TagBook::new());
+        let p = region(&r, &book, "kv", 0, PoolId(0, 10), Backup::None, MIB);
+        region(&r, &book, "weights", 0, PoolId(0, 11), Backup::None, MIB);
+        let a = r.device(0).unwrap();
+        a.free(p).unwrap();
+        a.release_pool(PoolId(0, 10)).unwrap();
+        a.empty_cache().unwrap();
+        let states = book.states(&r).unwrap();
+        assert_eq!(states.len(), 1);
+        assert_eq!(states[0].tag, "weights");
+        assert_eq!(
+            book.pause(&r, None, WhenBusy::Synchronize).unwrap().pools,
+            1
+        );
         a.validate().unwrap();
     }
 }

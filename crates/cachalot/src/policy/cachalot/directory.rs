@@ -179,6 +179,19 @@ impl Directory {
         entry
     }
 
+    /// Takes the entries of pool slot `slot` out of lookups: the pool was
+    /// forgotten (its lanes hold nothing) and its slot may go to a new pool,
+    /// whose lanes must not find these, made for another pool (another
+    /// allocator of its own, or none). They wait to be taken over
+    /// ([`StreamState::recycle`]).
+    pub(crate) fn retire_slot(&self, slot: u32) {
+        let _guard = self.freeze();
+        for e in self.iter().filter(|e| e.slot() == slot) {
+            e.lock().retire();
+            e.publish(StreamId(u64::MAX), u32::MAX);
+        }
+    }
+
     /// Holds off new streams (and the recycling of entries) while the
     /// guard lives.
     pub(crate) fn freeze(&self) -> MutexGuard<'_, ()> {

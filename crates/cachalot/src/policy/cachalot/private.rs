@@ -59,6 +59,7 @@ impl CachalotAllocator {
             });
             if !holds {
                 book.forget(id);
+                self.streams.retire_slot(r.slot);
             }
         }
     }

@@ -154,6 +154,15 @@ impl StreamState {
         true
     }
 
+    /// Drops the pool's own allocator, if any, as the lane's pool is
+    /// forgotten (it holds nothing from it).
+    pub(crate) fn retire(&mut self) {
+        self.source = None;
+        for p in &mut self.pools {
+            p.set_source(None);
+        }
+    }
+
     /// Waits for the work queued on the stream when blocks were freed since it
     /// last did. Unmapping, unlike freeing a segment, is not ordered after that
     /// work: a page unmapped under a kernel still reading a freed block faults.
