@@ -251,7 +251,8 @@ impl OwnAllocator {
         }
     }
 
-    fn holds(&self, ptr: DevicePtr) -> bool {
+    /// Whether `ptr` lies in a segment it gave and has not taken back.
+    pub fn holds(&self, ptr: DevicePtr) -> bool {
         let live = self.live.lock().expect("not poisoned");
         live.iter().any(|(at, n)| *at <= ptr && ptr < at + n)
     }

@@ -8,6 +8,7 @@ use cachalot::backend::counting::Counting;
 use cachalot::backend::sim::SimBackend;
 use cachalot::backend::CallKind;
 use cachalot::{AllocatorConfig, DeviceAllocator, PrivatePools, PytorchAllocator, StreamId};
+use cachalot_testkit::pools::OwnAllocator;
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -235,40 +236,11 @@ fn settings_changed_at_run_time_apply_from_the_next_call() {
     a.validate().unwrap();
 }
 
-/// A pool's own allocator: hands out addresses of a range of its own and
-/// counts its calls.
-#[derive(Debug, Default)]
-struct OwnAllocator {
-    next: std::sync::atomic::AtomicU64,
-    live: std::sync::Mutex<Vec<(u64, u64)>>,
-}
-
-impl cachalot::private_pool::SegmentSource for OwnAllocator {
-    fn allocate(&self, size: u64) -> cachalot::backend::BackendResult<u64> {
-        let at = (1 << 44)
-            + self
-                .next
-                .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-        self.live.lock().unwrap().push((at, size));
-        Ok(at)
-    }
-
-    fn free(&self, ptr: u64, size: u64) -> cachalot::backend::BackendResult<()> {
-        let mut live = self.live.lock().unwrap();
-        let at = live
-            .iter()
-            .position(|s| *s == (ptr, size))
-            .expect("a segment it gave");
-        live.remove(at);
-        Ok(())
-    }
-}
-
 #[test]
 fn a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it() {
     use cachalot::private_pool::PoolId;
     let (sim, a) = make("expandable_segments:True", 8 << 30);
-    let own = Arc::new(OwnAllocator::default());
+    let own = Arc::new(OwnAllocator::new(sim.clone()));
     let pool = PoolId(0, 7);
     a.create_pool(pool).unwrap();
     a.set_pool_source(pool, own.clone()).unwrap();
@@ -289,7 +261,7 @@ fn a_pool_with_an_allocator_of_its_own_takes_its_segments_from_it() {
         3,
         "two small segments of 2 MiB and one of 20 MiB"
     );
-    assert!(x >= 1 << 44 && y == x + MIB && z >= 1 << 44);
+    assert!(own.holds(x) && y == x + MIB && own.holds(z));
     let outside = a.malloc(MIB, S0).unwrap();
     let snap = a.snapshot();
     assert_eq!(

@@ -515,6 +515,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
 }
 
 /// The error of an IPC call a backend without other processes does not offer.
+/// The union of the capture frontiers of `streams`: the free marks of a block
+/// they used during a capture. `None` when one of them is not capturing or
+/// its query fails (the block then waits for the capture's end).
+pub(crate) fn capture_marks(backend: &dyn Backend, streams: &[StreamId]) -> Option<Vec<GraphNode>> {
+    let mut marks = Vec::new();
+    for s in streams {
+        marks.extend(backend.capture_frontier(*s).ok()??);
+    }
+    Some(marks)
+}
+
 fn ipc_unsupported(call: CallKind) -> BackendError {
     BackendError::Unsupported {
         call,

@@ -11,7 +11,7 @@
 //! used by a stream outside the capture, or used before it began, keeps the
 //! deferred path: only work inside the graph can be ordered by the graph.
 
-use crate::backend::{GraphNode, StreamId};
+use crate::backend::{capture_marks, StreamId};
 use crate::error::Result;
 
 use super::block::BlockId;
@@ -30,14 +30,9 @@ impl State {
         if b.stream_uses.iter().any(|s| !b.capture_uses.contains(s)) {
             return;
         }
-        let mut marks: Vec<GraphNode> = Vec::new();
-        for s in &b.stream_uses {
-            match self.backend.capture_frontier(*s) {
-                Ok(Some(nodes)) => marks.extend(nodes),
-                Ok(None) | Err(_) => return,
-            }
+        if let Some(marks) = capture_marks(self.backend.as_ref(), &b.stream_uses) {
+            self.free_marks.insert(id, marks);
         }
-        self.free_marks.insert(id, marks);
     }
 
     /// Returns to their pools the deferred blocks of `stream` whose free marks

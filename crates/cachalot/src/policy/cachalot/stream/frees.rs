@@ -3,7 +3,7 @@
 //! them have passed (checked at later allocations, or waited for), then
 //! kept for reuse or merged back into its heap.
 
-use crate::backend::{Backend, BackendResult, EventId, GraphNode, StreamId};
+use crate::backend::{capture_marks, Backend, BackendResult, EventId, GraphNode, StreamId};
 use crate::backing::Backing;
 use crate::error::FreeError;
 
@@ -27,15 +27,6 @@ pub(super) struct Pending {
     /// frontier on each of `unrecorded` then. Once the stream's own frontier
     /// follows them all, the block is free without events.
     marks: Option<Vec<GraphNode>>,
-}
-
-/// The capture frontiers of `streams` (all of them capturing), or `None`.
-fn free_marks(backend: &dyn Backend, streams: &[StreamId]) -> Option<Vec<GraphNode>> {
-    let mut marks = Vec::new();
-    for s in streams {
-        marks.extend(backend.capture_frontier(*s).ok()??);
-    }
-    Some(marks)
 }
 
 fn all_done(backend: &dyn Backend, events: &[EventId]) -> BackendResult<bool> {
@@ -164,7 +155,7 @@ impl StreamState {
             unrecorded: streams,
         };
         if pages.quiet() && pages.capture_reuse() && self.private() {
-            pending.marks = free_marks(pages.backend().as_ref(), &pending.unrecorded);
+            pending.marks = capture_marks(pages.backend().as_ref(), &pending.unrecorded);
         }
         if pages.quiet() {
             self.unrecorded += 1;
