@@ -18,9 +18,9 @@
 //! layouts to stop moving. A single pass of a workload stays under the trigger,
 //! so its reserved memory keeps the tight budget; a workload that repeats
 //! settles with few or no driver calls. Replaying bert_dynamic pass after pass,
-//! a churn slack of 0.10 still leaves 124 to 782 driver calls per pass of
-//! 16,800 operations, 0.125 about 100 to 370, 0.15 none from the seventh
-//! pass (0.20: none from the third, 4% more memory).
+//! a churn slack of 0.10 still leaves 12 to 106 driver calls per pass of
+//! 16,800 operations, 0.12 about 100 to 130, 0.14 and 0.15 none from the
+//! third pass (0.15: 1.1974 times its peak requested bytes).
 
 use super::settings::StreamConfig;
 

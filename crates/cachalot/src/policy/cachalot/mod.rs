@@ -99,15 +99,14 @@
 //! page and at least one page per 1000 allocations, without its peak of pages
 //! in use growing is *churning*, and its budget rises by `cachalot_churn_slack`
 //! (default 0.15: to 1.185 times that peak) until the stream gives its large
-//! pages back on `empty_cache` (`budget`, `stream`); it also keeps recently freed large
-//! blocks for exact-size reuse, and no longer moves pages back to their
-//! aliases (which kept its layout from settling). The budget is never under the peak plus
+//! pages back on `empty_cache` (`budget`, `stream`), and no longer moves pages
+//! back to their aliases (which kept its layout from settling). The budget is never under the peak plus
 //! `cachalot_reuse_min_mb` (default 32 MiB: 16 pages), so a small heap (where
 //! 3.5% is less than a large block) does not re-map at every step: the GPU
 //! benchmark's threaded pattern (32 live blocks of 512 B to 20 MiB per thread)
 //! makes 6 driver calls per 100,000 operations instead of 58. Repeated passes of
-//! bert_dynamic make 2,445, 765 and 38 driver calls, then none,
-//! and reserve 1.1995 times the peak requested bytes (PyTorch's
+//! bert_dynamic make 2,445 and 724 driver calls, then none,
+//! and reserve 1.1974 times the peak requested bytes (PyTorch's
 //! expandable segments: 1.178, with no driver call after the first pass); a
 //! single pass, and every training trace, never reaches the trigger, so the
 //! ratios above are unchanged.

@@ -14,7 +14,7 @@ use crate::backing::Backing;
 use crate::private_pool::{PoolId, SegmentSource};
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
-use super::heap::reuse::{Kept, Recent, Reuse};
+use super::heap::reuse::Reuse;
 use super::heap::{BlockId, Heap, State};
 use super::stats::ledger::Ledger;
 use super::vm::aliases::Aliases;
@@ -26,9 +26,6 @@ pub(crate) const SMALL_MAX: u64 = 1 << 20;
 
 /// Every block size is a multiple of this.
 pub(crate) const ROUNDING: u64 = 512;
-
-/// How many freed large blocks the large pool keeps for exact-size reuse.
-pub(crate) const RECENT: usize = 16;
 
 /// With this many kept blocks or more, a request that finds no mapped space
 /// first merges back just one kept block large enough (the largest kept size
@@ -67,10 +64,8 @@ pub(crate) struct Pool {
     pub(crate) aliases: Aliases,
     range: Option<(u64, u64)>,
     /// Freed blocks kept for exact-size reuse (see [`Pool::keeps_freed`]).
-    kept: Kept,
+    kept: Reuse,
     keeps: bool,
-    /// Pages of the large pool's kept blocks (see [`Pool::pages_of`]).
-    kept_pages: u64,
     /// A private pool's own allocator (`MemPool(allocator=...)`): its
     /// segments come from there, never pages.
     source: Option<Arc<dyn SegmentSource>>,
@@ -85,13 +80,8 @@ impl Pool {
             cells: None,
             aliases: Aliases::default(),
             range: None,
-            kept: if small {
-                Kept::Lists(Reuse::default())
-            } else {
-                Kept::Recent(Recent::new(RECENT))
-            },
+            kept: Reuse::default(),
             keeps,
-            kept_pages: 0,
             source: None,
         }
     }
@@ -102,32 +92,18 @@ impl Pool {
     }
 
     /// Whether freed blocks are kept for exact-size reuse, staying in the
-    /// address index: the small pool with pages and no release threshold, and
-    /// a churning stream's large pool (`stream`).
+    /// address index: the small pool with pages and no release threshold.
+    /// (A large pool that kept its recent blocks while its stream churned
+    /// held pages the next layout needed elsewhere: bert_dynamic replayed
+    /// pass after pass made 38 driver calls in its third pass, none since.)
     pub(crate) fn keeps_freed(&self) -> bool {
         self.keeps
     }
 
-    /// Starts keeping freed blocks (see [`Pool::keeps_freed`]).
-    pub(crate) fn start_keeping(&mut self) {
-        self.keeps = true;
-    }
-
-    /// Stops keeping freed blocks (when none is kept).
-    pub(crate) fn stop_keeping(&mut self) {
-        debug_assert_eq!(self.kept.len(), 0);
-        self.keeps = false;
-    }
-
     /// Keeps a freed block for reuse at its exact size; it keeps its pages.
-    /// A block it evicts is merged back into the heap.
     pub(crate) fn keep(&mut self, id: BlockId) {
         self.heap.keep(id);
-        let size = self.heap.block(id).size;
-        self.kept_pages += self.pages_of(id);
-        if let Some((size, old)) = self.kept.push(size, id) {
-            self.merge_kept(size, old);
-        }
+        self.kept.push(self.heap.block(id).size, id);
     }
 
     /// A kept block of exactly `size` bytes handed out for `requested`.
@@ -136,7 +112,6 @@ impl Pool {
             return None;
         }
         let id = self.kept.pop(size)?;
-        self.kept_pages -= self.pages_of(id);
         self.heap.reuse(id, requested);
         Some(self.heap.block(id).addr)
     }
@@ -169,7 +144,6 @@ impl Pool {
 
     /// Merges a block taken out of the kept ones back into the heap.
     fn merge_kept(&mut self, size: u64, id: BlockId) {
-        self.kept_pages -= self.pages_of(id);
         let addr = self.heap.block(id).addr;
         if let Some(cells) = self.cells.as_mut() {
             cells.release_mapped(cells.span(addr, size));
@@ -178,25 +152,9 @@ impl Pool {
         self.heap.release(id);
     }
 
-    /// The pages a kept block of the large pool holds on to (an upper
-    /// bound: a page it shares with a live neighbour counts too); the small
-    /// pool's kept blocks count as pages in use.
-    fn pages_of(&self, id: BlockId) -> u64 {
-        match (&self.cells, self.small) {
-            (Some(cells), false) => {
-                let b = self.heap.block(id);
-                cells.span(b.addr, b.size).len() as u64
-            }
-            _ => 0,
-        }
-    }
-
-    /// Pages live blocks touch, less those only the large pool's kept blocks
-    /// hold (see [`Pool::pages_of`]).
+    /// Pages live blocks touch (the small pool's kept blocks count as live).
     pub(crate) fn in_use(&self) -> u64 {
-        self.cells
-            .as_ref()
-            .map_or(0, |s| s.in_use().saturating_sub(self.kept_pages))
+        self.cells.as_ref().map_or(0, Cells::in_use)
     }
 
     /// Number of kept blocks.

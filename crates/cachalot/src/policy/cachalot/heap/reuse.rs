@@ -105,122 +105,6 @@ impl Reuse {
     }
 }
 
-/// A pool's kept blocks: exact-size lists (small pool) or the recent few
-/// (large pool).
-#[derive(Debug)]
-pub(crate) enum Kept {
-    /// Every freed small block, by size.
-    Lists(Reuse),
-    /// The last few freed large blocks.
-    Recent(Recent),
-}
-
-impl Kept {
-    /// Keeps block `id` of `size` bytes; returns a block it evicts, if any.
-    pub(crate) fn push(&mut self, size: u64, id: BlockId) -> Option<(u64, BlockId)> {
-        match self {
-            Kept::Lists(r) => {
-                r.push(size, id);
-                None
-            }
-            Kept::Recent(r) => r.push(size, id),
-        }
-    }
-
-    /// A kept block of exactly `size` bytes, taken out.
-    pub(crate) fn pop(&mut self, size: u64) -> Option<BlockId> {
-        match self {
-            Kept::Lists(r) => r.pop(size),
-            Kept::Recent(r) => r.pop(size),
-        }
-    }
-
-    /// A kept block of at least `size` bytes, taken out with its size: the
-    /// largest (small pool) or the most recent (large pool).
-    pub(crate) fn pop_at_least(&mut self, size: u64) -> Option<(u64, BlockId)> {
-        match self {
-            Kept::Lists(r) => r.pop_at_least(size),
-            Kept::Recent(r) => r.pop_at_least(size),
-        }
-    }
-
-    /// Takes every kept block out, as (size, id).
-    pub(crate) fn drain(&mut self) -> Vec<(u64, BlockId)> {
-        match self {
-            Kept::Lists(r) => r.drain(),
-            Kept::Recent(r) => r.drain(),
-        }
-    }
-
-    /// Number of kept blocks.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Kept::Lists(r) => r.len(),
-            Kept::Recent(r) => r.len(),
-        }
-    }
-
-    /// Whether block `id` of `size` bytes is kept exactly once.
-    pub(crate) fn holds_once(&self, size: u64, id: BlockId) -> bool {
-        match self {
-            Kept::Lists(r) => r.holds_once(size, id),
-            Kept::Recent(r) => r.holds_once(size, id),
-        }
-    }
-}
-
-/// The large pool's recently freed blocks: at most `capacity`, oldest first;
-/// a push past it evicts the oldest, which the caller merges back.
-#[derive(Debug)]
-pub(crate) struct Recent {
-    blocks: Vec<(u64, BlockId)>,
-    capacity: usize,
-}
-
-impl Recent {
-    /// An empty store of at most `capacity` blocks.
-    pub(crate) fn new(capacity: usize) -> Recent {
-        Recent {
-            blocks: Vec::with_capacity(capacity + 1),
-            capacity,
-        }
-    }
-
-    /// Keeps block `id` of `size` bytes; returns the block it evicts, if any.
-    pub(crate) fn push(&mut self, size: u64, id: BlockId) -> Option<(u64, BlockId)> {
-        self.blocks.push((size, id));
-        (self.blocks.len() > self.capacity).then(|| self.blocks.remove(0))
-    }
-
-    /// The most recently kept block of exactly `size` bytes, taken out.
-    pub(crate) fn pop(&mut self, size: u64) -> Option<BlockId> {
-        let i = self.blocks.iter().rposition(|b| b.0 == size)?;
-        Some(self.blocks.remove(i).1)
-    }
-
-    /// The most recently kept block of at least `size` bytes, taken out with
-    /// its size.
-    pub(crate) fn pop_at_least(&mut self, size: u64) -> Option<(u64, BlockId)> {
-        let i = self.blocks.iter().rposition(|b| b.0 >= size)?;
-        Some(self.blocks.remove(i))
-    }
-
-    /// Takes every kept block out, as (size, id).
-    pub(crate) fn drain(&mut self) -> Vec<(u64, BlockId)> {
-        std::mem::take(&mut self.blocks)
-    }
-
-    /// Number of kept blocks.
-    pub(crate) fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    /// Whether block `id` of `size` bytes is kept exactly once.
-    pub(crate) fn holds_once(&self, size: u64, id: BlockId) -> bool {
-        self.blocks.iter().filter(|b| **b == (size, id)).count() == 1
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,21 +129,8 @@ mod tests {
     }
 
     #[test]
-    fn recent_keeps_the_last_few_and_evicts_the_oldest() {
-        let mut r = Kept::Recent(Recent::new(2));
-        assert_eq!(r.push(4096, 1), None);
-        assert_eq!(r.push(8192, 2), None);
-        assert_eq!(r.push(4096, 3), Some((4096, 1)), "the oldest goes");
-        assert!(r.holds_once(4096, 3) && !r.holds_once(4096, 1));
-        assert_eq!(r.pop(4096), Some(3));
-        assert_eq!((r.pop(4096), r.len()), (None, 1));
-        assert_eq!(r.drain(), vec![(8192, 2)]);
-        assert_eq!(r.len(), 0);
-    }
-
-    #[test]
-    fn pop_at_least_takes_the_largest_size_or_the_latest_fit() {
-        let mut lists = Kept::Lists(Reuse::default());
+    fn pop_at_least_takes_the_largest_size() {
+        let mut lists = Reuse::default();
         for (size, id) in [(1024, 1), (4096, 2), (2048, 3)] {
             lists.push(size, id);
         }
@@ -267,11 +138,5 @@ mod tests {
         assert_eq!(lists.pop_at_least(1536), Some((4096, 2)));
         assert_eq!(lists.pop_at_least(1536), Some((2048, 3)));
         assert_eq!(lists.pop_at_least(1536), None);
-        let mut recent = Kept::Recent(Recent::new(4));
-        for (size, id) in [(4096, 1), (1024, 2), (8192, 3), (2048, 4)] {
-            recent.push(size, id);
-        }
-        assert_eq!(recent.pop_at_least(3000), Some((8192, 3)));
-        assert_eq!(recent.len(), 3);
     }
 }

@@ -49,7 +49,7 @@ impl StreamState {
     /// [`StreamState::malloc`] with pages, from the first of:
     ///
     /// 1. a kept block of exactly `size` bytes (the small pool's reuse
-    ///    lists, a churning large pool's recent blocks);
+    ///    lists);
     /// 2. the best fit whose pages are all mapped (the hot path);
     /// 3. (out of the hot path's way, [`StreamState::malloc_mapping`]) the
     ///    kept blocks merged back, then the best placement, its missing

@@ -359,17 +359,11 @@ impl StreamState {
         Ok(room)
     }
 
-    /// Starts churning once the stream re-mapped enough pages (`budget`):
-    /// the budget rises, and recently freed large blocks are kept for
-    /// exact-size reuse (see the module docs), until
+    /// Starts churning once the stream re-mapped enough pages: its budget
+    /// rises (see [`crate::policy::cachalot::budget`]), until
     /// [`StreamState::start_afresh`].
     fn note_remaps(&mut self) {
-        if self.budget.starts_churning(self.mapped())
-            && self.config.threshold.is_none()
-            && self.config.churn_slack > 0.0
-        {
-            self.pools[1].start_keeping();
-        }
+        self.budget.starts_churning(self.mapped());
     }
 
     /// The coldest cached extent of this stream outside `keep`, for a page:

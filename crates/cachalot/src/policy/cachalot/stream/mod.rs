@@ -192,14 +192,10 @@ impl StreamState {
     }
 
     /// Forgets the page history (peak, churn) once the large pool gave its
-    /// range back: what comes next is laid out anew, and is judged anew. A
-    /// stream that stayed churning kept its large blocks from the first
-    /// allocation on, a layout that never settled (bert_dynamic after
-    /// `empty_cache`: 16 to 404 driver calls a pass instead of none).
+    /// range back: what comes next is laid out anew, and is judged anew.
     fn start_afresh(&mut self) {
         let bytes = self.ledger.allocated_bytes();
         self.budget.start_afresh(self.in_use(), bytes);
-        self.pools[1].stop_keeping();
     }
 
     /// Gives back cached memory down to `keep` bytes per pool.
