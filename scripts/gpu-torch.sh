@@ -6,7 +6,7 @@
 # allocator, compiling nothing: the suite fails if anything was compiled into
 # cachalot's cache), runs the plug-in suite once per policy, then (unless
 # --quick) the model benchmark and the tuner's proof (scripts/tune_proof.py).
-# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep]
+# Usage: bash DIR/scripts/gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep|--batch]
 #   --prepare    only the environment and the check (gpu.sh starts it early, in the background)
 #   --run        only what follows but the differential checker, in the
 #                environment --prepare made (gpu.sh runs the checker apart)
@@ -24,8 +24,12 @@
 #                PT_TESTS names a PyTorch source tree's test folder (that of
 #                the machine's torch), PT_WHEELS a folder of wheels the tests
 #                need that the machine lacks (expecttest), PT_ARGS more options
+#   --batch      only the largest batch under a memory cap per workload and
+#                allocator (scripts/largest_batch.py: native, expandable
+#                segments, policy:cachalot, policy:pytorch; BATCH_ARGS passed
+#                on, e.g. "--budget 240 --gib llama_serve=4"), in that environment
 set -uo pipefail
-dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep]}" && pwd)
+dir=$(cd "${1:?usage: gpu-torch.sh DIR [--quick|--prepare|--run|--run-quick|--models|--diff|--dist|--pttests|--sleep|--batch]}" && pwd)
 mode=${2:-}
 out=${OUT:-/tmp/cachalot-gpu}
 mkdir -p "$out"
@@ -53,7 +57,8 @@ case $mode in
   --dist) steps="dist" ;;
   --pttests) steps="pttests" ;;
   --sleep) steps="sleep" ;;
-  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff, --dist, --pttests or --sleep)" >&2
+  --batch) steps="batch" ;;
+  *) echo "gpu-torch.sh: unknown mode $mode (--quick, --prepare, --run, --run-quick, --models, --diff, --dist, --pttests, --sleep or --batch)" >&2
      exit 2 ;;
 esac
 step() { [[ " $steps " == *" $1 "* ]]; }
@@ -116,5 +121,11 @@ if step sleep; then
     --markdown "$out/sleep.md" || status=1
   echo "--- an RL-style loop: trainer and generator take turns, paused against never paused"
   "$venv/bin/python" "$dir/scripts/rl_loop.py" --rounds "${RL_ROUNDS:-5}" --json "$out/rl_loop.json" || status=1
+fi
+if step batch; then
+  echo "--- the largest batch under a memory cap: native, expandable segments, policy:cachalot, policy:pytorch"
+  # shellcheck disable=SC2086  # BATCH_ARGS is a list of options
+  "$venv/bin/python" "$dir/scripts/largest_batch.py" --json "$out/largest_batch.json" \
+    --markdown "$out/largest_batch.md" ${BATCH_ARGS:-} || status=1
 fi
 exit $status

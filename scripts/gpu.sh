@@ -10,7 +10,7 @@
 #   BIN     what scripts/build-gpu-bin.sh built (default gpu-bin/cuda)
 #   --quick tests and a short benchmark only (a first check of a new machine)
 # ONLY="KEY..." runs only the sections named (record tests sanitizer checks
-# replay driver bench torch models diff dist pttests sleep; the tables always): the whole script takes longer than
+# replay driver bench torch models diff dist pttests sleep batch; the tables always): the whole script takes longer than
 # one 10-minute device call, so a session runs it in four, e.g.
 # ONLY="record tests bench", ONLY="sanitizer checks replay driver diff", ONLY="torch"
 # (the plug-in suite per policy) and ONLY="models" (real models, the tuner proven); the
@@ -21,7 +21,11 @@
 # PT_WHEELS a folder with expecttest's wheel; up to 4 minutes per
 # configuration on an H200, so two calls: PT_ARGS="--configs native", then
 # PT_ARGS="--configs pytorch,cachalot --reuse FILE" with the first call's
-# pttests.json carried back as FILE).
+# pttests.json carried back as FILE); ONLY=batch finds, per workload (GPT-2 and
+# Llama training, BERT inference, Llama serving), the largest batch that runs
+# under a memory cap on each allocator (native, expandable segments,
+# policy:cachalot, policy:pytorch; scripts/gpu/largest_batch.py, BATCH_ARGS
+# passed on; about 5 minutes on four GPUs, longer on one: a call of its own).
 # Results go to $OUT (the device tool's folder) or /tmp/cachalot-gpu.
 set -uo pipefail
 bin=${1:-gpu-bin/cuda}
@@ -51,7 +55,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # waits for it before the benchmarks.
 torch_dir="$(dirname "$bin")/torch"
 prepare_pid=
-if { want torch || want models || want diff || want dist || want pttests || want sleep; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
+if { want torch || want models || want diff || want dist || want pttests || want sleep || want batch; } && ls "$torch_dir"/cachalot_torch-*.whl >/dev/null 2>&1; then
   bash "$torch_dir/scripts/gpu-torch.sh" "$torch_dir" --prepare > /tmp/cachalot-prepare.log 2>&1 &
   prepare_pid=$!
 fi
@@ -212,6 +216,11 @@ section "6e. sleep and wake: cachalot's tags against torch_memory_saver and a pl
 drop_in --sleep
 fi
 
+if want batch; then
+section "6f. the largest batch under a memory cap: each workload on native, expandable segments, policy:cachalot, policy:pytorch"
+drop_in --batch
+fi
+
 section "7. tables"
 [ -f "$out/torch.md" ] && { echo "PyTorch models on cachalot:"; cat "$out/torch.md"; echo; }
 [ -f "$out/tune/tune.md" ] && { cat "$out/tune/tune.md"; echo; }
@@ -219,6 +228,7 @@ section "7. tables"
 [ -f "$out/dist.md" ] && { echo "Multi-GPU training:"; cat "$out/dist.md"; echo; }
 [ -f "$out/sleep.md" ] && { echo "Sleep and wake (ms per GiB):"; cat "$out/sleep.md"; echo; }
 [ -f "$out/pttests.md" ] && { echo "PyTorch's CUDA memory tests:"; cat "$out/pttests.md"; echo; }
+[ -f "$out/largest_batch.md" ] && { cat "$out/largest_batch.md"; echo; }
 [ -f "$out/driver_costs.md" ] && { cat "$out/driver_costs.md"; echo; }
 [ -f "$out/slack_trade.md" ] && { cat "$out/slack_trade.md"; echo; }
 [ -f "$out/replay_gpu.md" ] && { echo "Bundled traces replayed on the GPU:"; cat "$out/replay_gpu.md"; echo; }

@@ -14,13 +14,23 @@ Workloads (random weights and data: the machine has no network):
   gpt2_generate     GPT-2 (124M, fp16) generating 64 new tokens greedily with
                     the KV cache, batch 4, for prompts of 16, 64, 256 and 512
                     tokens
+  llama_serve       serving: the Llama-style model above in bf16 (eval,
+                    no_grad) answering a seeded random sequence of 12
+                    requests (random.Random(0)), each a batch of 1..16 prompts
+                    of 16..1024 tokens (ragged, left-padded, attention_mask),
+                    generating 8..96 new tokens greedily with the KV cache
+                    (736 decode steps, about 60 s and 580,000 events, a 3 MB
+                    trace; a decode step takes about 80 ms);
+                    LLAMA_SERVE_REQUESTS=N serves N requests of the sequence
 
 Usage: record_traces.py OUT_DIR [WORKLOAD...]
 """
 import csv
 import gzip
 import json
+import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -30,16 +40,24 @@ ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc",
            "segment_free", "segment_map", "segment_unmap"}
 
 
-def llama_train(torch, checkpoint):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(**over):
+    """The Llama-style model of llama_train_bf16 and llama_serve (about 112M
+    parameters); `over` sets more of LlamaConfig's fields."""
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                         num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                         max_position_embeddings=1024)
+    return LlamaConfig(**dict(dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                   num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                                   max_position_embeddings=1024), **over))
+
+
+def llama_train(torch, checkpoint, batch=8):
+    from transformers import LlamaForCausalLM
+
+    config = llama_config()
     model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for step in range(6):
-        tokens = torch.randint(0, config.vocab_size, (8, 512), device="cuda")
+        tokens = torch.randint(0, config.vocab_size, (batch, 512), device="cuda")
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         optimizer.step()
@@ -63,7 +81,53 @@ def gpt2_generate(torch, checkpoint):
             checkpoint(f"prompt {prompt}")
 
 
-WORKLOADS = {"llama_train_bf16": llama_train, "gpt2_generate": gpt2_generate}
+def serve_requests(seed=0, requests=12, batch=16):
+    """llama_serve's requests: (prompt lengths, new tokens) for each, drawn
+    from random.Random(seed). A request's share of `batch` prompts, its
+    longest prompt and its new tokens are drawn apart from `batch`, so a
+    larger batch only adds prompts (largest_batch.py bisects on it): the
+    largest request holds `batch` prompts, the others ceil(share * batch), at
+    least one. A request's first prompt is its longest; the others' lengths
+    come from a generator of their own, seeded by (seed, request, prompt)."""
+    rng = random.Random(seed)
+    drawn = [(rng.random(), rng.randint(16, 1024), rng.randint(8, 96)) for _ in range(requests)]
+    top = max(share for share, _, _ in drawn)
+    out = []
+    for i, (share, longest, new) in enumerate(drawn):
+        n = max(1, math.ceil(share / top * batch - 1e-9))
+        lengths = [longest] + [random.Random(f"{seed}/{i}/{j}").randint(16, longest) for j in range(1, n)]
+        out.append((lengths, new))
+    return out
+
+
+def llama_serve(torch, checkpoint, batch=16, requests=None):
+    from transformers import LlamaForCausalLM
+
+    if requests is None:
+        requests = int(os.environ.get("LLAMA_SERVE_REQUESTS", "12"))
+    # Room for the longest prompt and its answer; token 0 pads.
+    config = llama_config(max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for i, (lengths, new) in enumerate(serve_requests(0, requests, batch)):
+            width = max(lengths)
+            # Left padding, as a decoder-only model is served.
+            tokens = torch.full((len(lengths), width), config.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(lengths), width), dtype=torch.long)
+            for row, n in enumerate(lengths):
+                tokens[row, width - n:] = torch.randint(3, config.vocab_size, (n,), generator=gen)
+                mask[row, width - n:] = 1
+            out = model.generate(input_ids=tokens.to("cuda"), attention_mask=mask.to("cuda"),
+                                 min_new_tokens=new, max_new_tokens=new, do_sample=False,
+                                 use_cache=True, pad_token_id=config.pad_token_id)
+            del out
+            torch.cuda.synchronize()
+            checkpoint(f"request {i}: {len(lengths)} x {width} + {new}")
+
+
+WORKLOADS = {"llama_train_bf16": llama_train, "gpt2_generate": gpt2_generate,
+             "llama_serve": llama_serve}
 
 
 def child(workload, label, out_dir):

@@ -55,11 +55,12 @@ fn replay(trace: &str, conf: &str) -> PytorchAllocator {
 /// the model's figure). PyTorch breaks ties between equal free blocks by
 /// address, so where the model places a segment elsewhere than the driver
 /// did, another block serves a request: the generation recording then needs
-/// one 2 MiB segment fewer than PyTorch did, and the Llama one hands out a
-/// 3 MiB larger block at its peak. Replayed with the recorded addresses, as
+/// one 2 MiB segment fewer than PyTorch did, the serving one a 2 MiB segment
+/// more, and the Llama training one hands out a 3 MiB larger block at its
+/// peak. Replayed with the recorded addresses, as
 /// `cachalot replay` does, both match PyTorch's peaks and segments exactly
 /// (tests/replay_parity.rs).
-const MODEL_DIFFERS: [(&str, &str, i64); 3] = [
+const MODEL_DIFFERS: [(&str, &str, i64); 5] = [
     (
         "gpt2_generate.native",
         "reserved_bytes.all.peak",
@@ -71,6 +72,12 @@ const MODEL_DIFFERS: [(&str, &str, i64); 3] = [
         "allocated_bytes.all.peak",
         3_103_109_120,
     ),
+    (
+        "llama_serve.native",
+        "reserved_bytes.all.peak",
+        989_855_744,
+    ),
+    ("llama_serve.native", "num_device_alloc", 35),
 ];
 
 #[test]
