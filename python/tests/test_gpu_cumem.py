@@ -401,10 +401,21 @@ def cumem_library(request, tmp_path_factory):
     build = tmp_path_factory.mktemp("cumem")
     source = build / "cachalot_cumem_test.cpp"
     source.write_text(SOURCE)
-    path = cpp_extension.load(
-        name="cachalot_cumem_test", sources=[str(source)], extra_ldflags=_stub_dirs(cpp_extension.CUDA_HOME) + ["-lcuda"],
-        with_cuda=True, is_python_module=False, build_directory=str(build))
-    return path or str(build / "cachalot_cumem_test.so")  # older torch returns nothing
+    flags = _stub_dirs(cpp_extension.CUDA_HOME) + ["-lcuda"]
+    # Built in a process of its own: cpp_extension.load also loads the library,
+    # and this process (the suite's, the plug-in installed) must not carry it.
+    done = subprocess.run([sys.executable, "-c", BUILD, str(source), str(build), json.dumps(flags)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"building the allocator failed: {done.stderr[-3000:]}"
+    return str(build / "cachalot_cumem_test.so")
+
+
+BUILD = """
+import json, sys
+from torch.utils import cpp_extension
+cpp_extension.load(name="cachalot_cumem_test", sources=[sys.argv[1]], extra_ldflags=json.loads(sys.argv[3]),
+                   with_cuda=True, is_python_module=False, build_directory=sys.argv[2])
+"""
 
 
 @pytest.mark.parametrize("who", ["native", "cachalot"])

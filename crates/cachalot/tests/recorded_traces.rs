@@ -72,11 +72,7 @@ const MODEL_DIFFERS: [(&str, &str, i64); 5] = [
         "allocated_bytes.all.peak",
         3_103_109_120,
     ),
-    (
-        "llama_serve.native",
-        "reserved_bytes.all.peak",
-        989_855_744,
-    ),
+    ("llama_serve.native", "reserved_bytes.all.peak", 989_855_744),
     ("llama_serve.native", "num_device_alloc", 35),
 ];
 
