@@ -15,10 +15,11 @@
 //!   whatever its size. The range stays reserved until the segment is freed.
 //! * [`Tags::pause_tag`](crate::Tags::pause_tag) first
 //!   makes sure no queued work still uses the tag's memory ([`WhenBusy`]),
-//!   gives the tag's wholly free cached segments back, copies its allocations
-//!   to host memory when the tag has a [`Backup::Host`] (memory kept and
-//!   reused by the next pause), then unmaps and releases every page of the
-//!   tag's segments. The tag is then **paused**: its allocations keep their
+//!   gives the tag's wholly free cached segments back (not those of a tag a
+//!   CUDA graph was captured into: the graph replays in its free blocks),
+//!   copies its allocations to host memory when the tag has a
+//!   [`Backup::Host`] (memory kept and reused by the next pause), then unmaps
+//!   and releases every page of the tag's segments. The tag is then **paused**: its allocations keep their
 //!   addresses and sizes, and the allocator's blocks do not change.
 //! * [`Tags::resume_tag`](crate::Tags::resume_tag) maps
 //!   new pages at the same addresses and copies the backups back. Without a
@@ -108,4 +109,8 @@ pub(crate) struct Tag {
     pub(crate) backup: Backup,
     /// Paused (from the start of a pause to the end of a whole resume).
     pub(crate) paused: bool,
+    /// A CUDA graph was captured into it: its free blocks hold the graph's
+    /// intermediates (the graph replays there), so a pause keeps every
+    /// segment, pausing the free ones too, where it would give them back.
+    pub(crate) captured: bool,
 }

@@ -28,6 +28,9 @@ impl State {
         let rounded = self.placement.round_size(size);
         let (pool, options) = self.route(stream);
         self.refuse_paused(pool, size)?;
+        if pool != 0 {
+            self.note_capture_into(pool, stream);
+        }
         let req = Request {
             size: rounded,
             requested: size,

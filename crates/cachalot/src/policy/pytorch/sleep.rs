@@ -49,6 +49,7 @@ impl State {
             source: Arc::new(PageSource::new(self.backend.clone())),
             backup,
             paused: false,
+            captured: false,
         };
         self.book.set_source(id, tag.source.clone())?;
         self.tags.insert(slot, tag);
@@ -66,7 +67,9 @@ impl State {
         }
         self.quiesce(id, slot, when_busy)?;
         let before = self.reserved();
-        self.release_pool_blocks(slot)?;
+        if !tag.captured {
+            self.release_pool_blocks(slot)?;
+        }
         let released = before - self.reserved();
         let segments = self.segments_of(slot);
         let copied = match tag.backup {
@@ -145,6 +148,19 @@ impl State {
             }
         }
         Ok(state)
+    }
+
+    /// Notes that `stream`, routed to the pool in `slot`, allocates there
+    /// during a capture, if that pool is a tag (see [`Tag::captured`]).
+    pub(crate) fn note_capture_into(&mut self, slot: u32, stream: StreamId) {
+        let Some(tag) = self.tags.get(&slot) else {
+            return;
+        };
+        if !tag.captured && matches!(self.backend.capture_frontier(stream), Ok(Some(_))) {
+            if let Some(tag) = self.tags.get_mut(&slot) {
+                tag.captured = true;
+            }
+        }
     }
 
     /// Refuses a request of `size` bytes routed to the pool in `slot` while
