@@ -26,6 +26,13 @@ use crate::rows::{pytorch_action, BlockRow, SegmentRow, TraceRow};
 /// split limit.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 * 4 + 5 + 1;
 
+/// Where `allocated_bytes.all.current` sits among [`cachalot_device_stats`]'s
+/// numbers (the fifth array, its first statistic, its first number).
+pub const STATS_ALLOCATED_NOW: usize = 4 * 12;
+
+/// Where `reserved_bytes.all.current` sits (the sixth array).
+pub const STATS_RESERVED_NOW: usize = 5 * 12;
+
 /// What an out-of-memory failure tells PyTorch's out-of-memory observers.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -271,28 +278,29 @@ pub unsafe extern "C" fn cachalot_segment_of(
 }
 
 /// Starts (`enabled` non-zero) or stops history recording on every device.
-/// `max_entries` bounds each device's events (0: unbounded); `skip_mask` has
-/// bit `i` set for each action of PyTorch's `TraceEntry::Action` not to record
-/// (a tag's pause and resume go with `segment_unmap` and `segment_map`); `clear`
-/// non-zero forgets the events recorded so far (they are also forgotten when
-/// recording starts).
+/// `max_entries` bounds each device's events (0: unbounded); `skip` holds
+/// `skip_count` names of PyTorch's trace actions not to record (`alloc`,
+/// `free_requested`, ..., `oom`; a tag's pause and resume go with
+/// `segment_unmap` and `segment_map`); `clear` non-zero forgets the events
+/// recorded so far (they are also forgotten when recording starts). An
+/// unknown name fails, changing nothing.
 ///
 /// # Safety
-/// `message` must be NULL or point to a writable `char*`.
+/// `skip` must point to `skip_count` NUL-terminated strings (or be NULL when
+/// `skip_count` is 0); `message` must be NULL or point to a writable `char*`.
 #[no_mangle]
 pub unsafe extern "C" fn cachalot_set_history(
     enabled: c_int,
     max_entries: usize,
-    skip_mask: u32,
+    skip: *const *const c_char,
+    skip_count: usize,
     clear: c_int,
     message: *mut *mut c_char,
 ) -> c_int {
     reply(message, || {
-        let registry = registry()?;
-        let skip = Action::ALL
-            .into_iter()
-            .filter(|a| skip_mask & (1 << pytorch_action(*a)) != 0)
-            .collect();
+        // SAFETY: the caller passes `skip_count` valid C strings at `skip`.
+        let names = unsafe { c_strings(skip, skip_count) }?;
+        let skip = skipped_actions(&names)?;
         let config = (enabled != 0).then_some(HistoryConfig {
             capacity: if max_entries == 0 {
                 usize::MAX
@@ -302,10 +310,75 @@ pub unsafe extern "C" fn cachalot_set_history(
             backtraces: false,
             skip,
         });
-        registry.set_history(config, clear != 0);
+        registry()?.set_history(config, clear != 0);
         Ok(())
     })
 }
+
+/// The `n` C strings at `strings`, as text.
+///
+/// # Safety
+/// `strings` must point to `n` NUL-terminated strings, or be NULL when `n` is 0.
+unsafe fn c_strings(strings: *const *const c_char, n: usize) -> Result<Vec<String>, PluginError> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if strings.is_null() {
+        return Err(PluginError::InvalidArgument(format!(
+            "{n} names at a NULL pointer"
+        )));
+    }
+    // SAFETY: the caller guarantees `n` readable pointers at `strings`.
+    let pointers = unsafe { std::slice::from_raw_parts(strings, n) };
+    pointers
+        .iter()
+        .map(|p| match p.is_null() {
+            true => Err(PluginError::InvalidArgument("a NULL name".into())),
+            // SAFETY: each non-NULL pointer is a NUL-terminated string (caller).
+            false => Ok(unsafe { std::ffi::CStr::from_ptr(*p) }
+                .to_string_lossy()
+                .into_owned()),
+        })
+        .collect()
+}
+
+/// The actions not to record, for PyTorch's names of them: a tag's pause
+/// and resume go with the unmap and map PyTorch shows them as.
+fn skipped_actions(names: &[String]) -> Result<Vec<Action>, PluginError> {
+    let mut skip = Vec::new();
+    for name in names {
+        let shown: Action = name.parse().map_err(|_| {
+            PluginError::InvalidArgument(format!(
+                "unknown trace action to skip: '{name}' (one of {})",
+                PYTORCH_ACTIONS.map(Action::name).join(", ")
+            ))
+        })?;
+        if !PYTORCH_ACTIONS.contains(&shown) {
+            return Err(PluginError::InvalidArgument(format!(
+                "'{name}' is not one of PyTorch's trace actions"
+            )));
+        }
+        skip.extend(
+            Action::ALL
+                .into_iter()
+                .filter(|a| pytorch_action(*a) == pytorch_action(shown)),
+        );
+    }
+    Ok(skip)
+}
+
+/// PyTorch's trace actions (`TraceEntry::Action`), in its order.
+const PYTORCH_ACTIONS: [Action; 9] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Snapshot,
+    Action::Oom,
+];
 
 /// Every device's segments, blocks and recorded events, owned by the library
 /// until [`cachalot_snapshot_free`].
@@ -424,6 +497,36 @@ mod tests {
             STATS_LEN,
             "every statistic has its place"
         );
+    }
+
+    #[test]
+    fn the_exported_positions_name_their_statistics() {
+        let mut stats = MemoryStats::new(None);
+        stats.allocated_bytes.all.current = 11;
+        stats.reserved_bytes.all.current = 22;
+        let n = stats_numbers(&stats);
+        assert_eq!((n[STATS_ALLOCATED_NOW], n[STATS_RESERVED_NOW]), (11, 22));
+    }
+
+    #[test]
+    fn skipped_actions_go_by_pytorchs_names_with_their_aliases() {
+        let names = ["segment_unmap".to_string(), "oom".to_string()];
+        let skip = skipped_actions(&names).unwrap();
+        assert_eq!(
+            skip,
+            [Action::SegmentUnmap, Action::SegmentPause, Action::Oom],
+            "a tag's pause goes with the unmap PyTorch shows it as"
+        );
+        for bad in ["segment_pause", "frees", ""] {
+            let err = skipped_actions(&[bad.to_string()]).unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        // SAFETY: two valid C strings, then none at all.
+        let (a, b) = (c"alloc", c"free_requested");
+        let names = unsafe { c_strings([a.as_ptr(), b.as_ptr()].as_ptr(), 2) }.unwrap();
+        assert_eq!(names, ["alloc", "free_requested"]);
+        assert!(unsafe { c_strings(ptr::null(), 0) }.unwrap().is_empty());
+        assert!(unsafe { c_strings(ptr::null(), 1) }.is_err());
     }
 
     #[test]

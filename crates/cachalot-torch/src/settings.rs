@@ -10,6 +10,11 @@ use crate::error::PluginError;
 use crate::global::registry;
 use crate::reply::reply;
 
+/// Power-of-two buckets of `roundup_power2_divisions` in a [`SettingsRow`]
+/// (PyTorch's, from 1 MiB), written out for the C header.
+pub const ROUNDUP_DIVISIONS: usize = 16;
+const _: () = assert!(ROUNDUP_DIVISIONS == ROUNDUP_BUCKETS);
+
 /// PyTorch's device-allocator settings after a change, as its
 /// `AcceleratorAllocatorConfig` holds them.
 #[repr(C)]
@@ -20,7 +25,7 @@ pub struct SettingsRow {
     /// `max_non_split_rounding_mb` in bytes.
     pub max_non_split_rounding: u64,
     /// `roundup_power2_divisions`, per power-of-two bucket from 1 MiB.
-    pub roundup_power2_divisions: [u64; ROUNDUP_BUCKETS],
+    pub roundup_power2_divisions: [u64; ROUNDUP_DIVISIONS],
     /// `garbage_collection_threshold` (0 = off).
     pub garbage_collection_threshold: f64,
     /// `expandable_segments`, 0 or 1.

@@ -48,16 +48,14 @@ using c10::CachingDeviceAllocator::RecordContext;
 using c10::CachingDeviceAllocator::TraceEntry;
 namespace cca = c10::cuda::CUDACachingAllocator;
 
-constexpr int kOk = 0;
-constexpr int kOom = 1;
-// cachalot_pool_set_option's options (OPTION_* in pools.rs).
-constexpr int kUseOnOom = 0;
-constexpr int kNoSplit = 1;
-constexpr size_t kStatsLen = 9 * 3 * 4 + 2 * 4 + 5 + 1;
-// Where allocated_bytes.all.current and reserved_bytes.all.current sit in
-// cachalot_device_stats's numbers (families of three pools of four numbers).
-constexpr size_t kAllocatedNow = 4 * 12;
-constexpr size_t kReservedNow = 5 * 12;
+// The library's statuses, options and statistics' layout (cachalot_ffi.h).
+constexpr int kOk = CACHALOT_OK;
+constexpr int kOom = CACHALOT_OOM;
+constexpr int kUseOnOom = CACHALOT_OPTION_USE_ON_OOM;
+constexpr int kNoSplit = CACHALOT_OPTION_NO_SPLIT;
+constexpr size_t kStatsLen = CACHALOT_STATS_LEN;
+constexpr size_t kAllocatedNow = CACHALOT_STATS_ALLOCATED_NOW;
+constexpr size_t kReservedNow = CACHALOT_STATS_RESERVED_NOW;
 
 // Takes a message the library allocated.
 std::string take(char* message) {
@@ -375,30 +373,14 @@ class CachalotAllocator final : public cca::CUDAAllocator {
       RecordContext when,
       bool clearHistory,
       const std::vector<std::string>& skip_actions) override {
-    static const char* kActions[] = {
-        "alloc",
-        "free_requested",
-        "free_completed",
-        "segment_alloc",
-        "segment_free",
-        "segment_map",
-        "segment_unmap",
-        "snapshot",
-        "oom"};
-    uint32_t mask = 0;
+    std::vector<const char*> skip;
     for (const auto& name : skip_actions) {
-      bool known = false;
-      for (uint32_t i = 0; i < 9; ++i) {
-        if (name == kActions[i]) {
-          mask |= 1u << i;
-          known = true;
-        }
-      }
-      TORCH_CHECK(known, "cachalot: unknown trace action to skip: ", name);
+      skip.push_back(name.c_str());
     }
     char* message = nullptr;
     check(
-        cachalot_set_history(enabled ? 1 : 0, alloc_trace_max_entries, mask, clearHistory ? 1 : 0, &message),
+        cachalot_set_history(
+            enabled ? 1 : 0, alloc_trace_max_entries, skip.data(), skip.size(), clearHistory ? 1 : 0, &message),
         &message,
         "_record_memory_history");
     history_.configure(enabled, context_recorder, when, alloc_trace_max_entries, clearHistory);
