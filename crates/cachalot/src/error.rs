@@ -234,7 +234,6 @@ pub fn format_bytes(bytes: u64) -> String {
 pub struct InvariantViolation(pub String);
 
 /// Returns `Err(InvariantViolation)` with a formatted message unless `cond` holds.
-#[macro_export]
 macro_rules! ensure_invariant {
     ($cond:expr, $($msg:tt)+) => {
         if !$cond {
@@ -242,6 +241,9 @@ macro_rules! ensure_invariant {
         }
     };
 }
+
+/// For `validate()` (`crate::error::ensure_invariant!`).
+pub(crate) use ensure_invariant;
 
 #[cfg(test)]
 mod tests {

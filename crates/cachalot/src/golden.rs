@@ -28,10 +28,10 @@ use flate2::read::GzDecoder;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::allocator::{DeviceAllocator, PrivatePools};
 use crate::backend::sim::{AddressOrder, SimBackend};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::config::{AllocatorConfig, MIB};
+use crate::device_allocator::{DeviceAllocator, PrivatePools};
 use crate::error::{format_size, Error, OomReport};
 use crate::policy::pytorch::c10_stream_hash;
 use crate::policy::PytorchAllocator;

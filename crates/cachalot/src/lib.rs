@@ -97,15 +97,17 @@
 //!   trace  replay  tune  view          recordings in, replays, tuning, the page
 //!   ipc  report  golden  snapshot_io   services over any allocator
 //!   policy: pytorch | cachalot         the two policies, and create()
-//!   allocator                          DeviceAllocator (malloc, free, stats, ...);
+//!   device_allocator                   DeviceAllocator (malloc, free, stats, ...);
 //!                                      PrivatePools, Tags: its extension traits
 //!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
-//!   backing  stats  config  units      the allocator's parts
+//!   segment_source  backing  stats  config  units   the allocator's parts
 //!   backend (Backend trait: segments, pages, streams, events; sim, cuda, adaptors)
 //! ```
 //!
-//! `allocator::create` is where users reach the factory; it lives in
-//! `policy`, above the trait it returns.
+//! Users reach the trait and the factory together as `cachalot::allocator`
+//! (`allocator::create`, `allocator::DeviceAllocator`): a module of this file
+//! that re-exports `device_allocator` and `policy::create`, so that no module
+//! of a layer imports one above it.
 
 //! ## Invariants (checked by every allocator's `validate()`)
 //!
@@ -121,10 +123,10 @@
 #![deny(clippy::unwrap_used)]
 
 mod addr_map;
-pub mod allocator;
 pub mod backend;
 pub mod backing;
 pub mod config;
+mod device_allocator;
 pub mod error;
 pub mod event;
 pub mod golden;
@@ -135,6 +137,7 @@ pub mod pool_id;
 pub mod private_pool;
 pub mod replay;
 pub mod report;
+mod segment_source;
 pub mod sleep;
 pub mod snapshot;
 pub mod snapshot_io;
@@ -146,6 +149,14 @@ pub mod trace;
 pub mod tune;
 pub mod units;
 pub mod view;
+
+/// The per-device allocator: the interface every policy implements
+/// ([`DeviceAllocator`] and its extensions), and [`create`](allocator::create),
+/// which picks the policy a configuration names.
+pub mod allocator {
+    pub use crate::device_allocator::*;
+    pub use crate::policy::create;
+}
 
 pub use allocator::{DeviceAllocator, PrivatePools, Tags};
 pub use backend::{Backend, DevicePtr, StreamId};

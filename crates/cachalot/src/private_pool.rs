@@ -22,10 +22,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{BackendResult, DevicePtr, StreamId};
+use crate::backend::{DevicePtr, StreamId};
 use crate::error::{Error, Result};
 
 pub use crate::pool_id::PoolId;
+pub use crate::segment_source::SegmentSource;
 
 /// How a private pool serves requests (`torch.cuda.MemPool`'s flags).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
@@ -49,24 +50,6 @@ pub struct PoolAllocation {
     pub requested: u64,
     /// Its stream.
     pub stream: StreamId,
-}
-
-/// Where a private pool's segments come from when not from the device
-/// (`torch.cuda.MemPool(allocator=...)`: the blocks of such a pool are carved
-/// out of memory the program's own allocator hands over, as in PyTorch).
-pub trait SegmentSource: Send + Sync + fmt::Debug {
-    /// `size` bytes for a new segment.
-    ///
-    /// # Errors
-    /// [`BackendError::OutOfMemory`](crate::backend::BackendError::OutOfMemory)
-    /// when the source has none to give.
-    fn allocate(&self, size: u64) -> BackendResult<DevicePtr>;
-
-    /// Takes back a segment of `size` bytes that [`SegmentSource::allocate`] gave.
-    ///
-    /// # Errors
-    /// The source's failure; the segment stays the allocator's.
-    fn free(&self, ptr: DevicePtr, size: u64) -> BackendResult<()>;
 }
 
 /// Which streams' requests a route takes: called with the request's stream,

@@ -280,10 +280,11 @@ const LAYERS: [(&str, &[&[&str]]); 2] = [
             &["trace", "replay", "tune", "view"],
             &["ipc", "report", "golden", "snapshot_io"],
             &["policy"],
-            &["allocator"],
+            &["device_allocator"],
             &[
                 "history",
                 "private_pool",
+                "segment_source",
                 "sleep",
                 "pool_id",
                 "units",

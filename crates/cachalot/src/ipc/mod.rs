@@ -25,9 +25,9 @@ use std::sync::{Arc, OnceLock};
 
 pub use self::import::Imports;
 
-use crate::allocator::DeviceAllocator;
 use crate::backend::DevicePtr;
 pub use crate::backing::Backing;
+use crate::device_allocator::DeviceAllocator;
 use crate::error::{Error, Result};
 
 use self::handle::Handle;

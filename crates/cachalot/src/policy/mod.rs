@@ -13,9 +13,9 @@ pub use pytorch::PytorchAllocator;
 
 use std::sync::Arc;
 
-use crate::allocator::DeviceAllocator;
 use crate::backend::Backend;
 use crate::config::{AllocatorConfig, PolicyKind};
+use crate::device_allocator::DeviceAllocator;
 use crate::error::Result;
 
 /// Builds the allocator for `config.policy` on `backend`.

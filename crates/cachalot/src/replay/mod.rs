@@ -34,12 +34,12 @@ use thiserror::Error;
 pub use plan::{plan, plan_routed, Inconsistency, Inferred, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
-use crate::allocator::{self, DeviceAllocator};
 use crate::backend::counting::{CallCounts, Counting};
 use crate::backend::recorded::RecordedAddresses;
 use crate::backend::sim::SimBackend;
 use crate::backend::{Backend, DevicePtr};
 use crate::config::AllocatorConfig;
+use crate::device_allocator::DeviceAllocator;
 use crate::error::{Error, OomReport};
 use crate::event::{Action, Observer, TraceEvent};
 use crate::stats::{MemoryStats, Stat};
@@ -327,7 +327,7 @@ fn open(
         plan.recorded_segment_allocs.clone(),
     ));
     let counting = Arc::new(Counting::new(recorded));
-    let allocator = allocator::create(counting.clone(), config).map_err(ReplayError::Setup)?;
+    let allocator = crate::policy::create(counting.clone(), config).map_err(ReplayError::Setup)?;
     Ok((counting, allocator))
 }
 
@@ -636,7 +636,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{alloc, plan_of};
     use super::*;
-    use crate::PolicyKind;
+    use crate::config::PolicyKind;
 
     const MIB: u64 = 1 << 20;
 

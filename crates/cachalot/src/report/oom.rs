@@ -210,8 +210,8 @@ pub fn describe(report: &OomReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::StreamId;
     use crate::snapshot::{BlockInfo, SegmentInfo};
-    use crate::StreamId;
 
     fn block(address: u64, size: u64, state: BlockState) -> BlockInfo {
         BlockInfo {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::host::{HostMemory, ToDevice, ToHost};
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
-use crate::private_pool::SegmentSource;
+use crate::segment_source::SegmentSource;
 
 /// Host memory is handed out in multiples of this, so a backup that grows a
 /// little reuses what it has.

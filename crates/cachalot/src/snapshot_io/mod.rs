@@ -22,9 +22,9 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use thiserror::Error;
 
-use crate::allocator::DeviceAllocator;
 use crate::backend::DevicePtr;
 use crate::config::{AllocatorConfig, ConfigError};
+use crate::device_allocator::DeviceAllocator;
 use crate::event::TraceEvent;
 use crate::history::{Frame, History};
 use crate::snapshot::{BlockState, MemorySnapshot};
@@ -182,9 +182,9 @@ fn read_all(path: &Path) -> Result<Vec<u8>, SnapshotIoError> {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
+    use crate::backend::StreamId;
     use crate::event::Action;
     use crate::snapshot::{BlockInfo, SegmentInfo};
-    use crate::StreamId;
 
     /// A dump with one small and one expandable large segment, three events
     /// and one stack.

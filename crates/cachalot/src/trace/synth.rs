@@ -215,7 +215,7 @@ mod tests {
         let spec = small(50_001, 3);
         let events: Vec<_> = synthesize(&spec).collect();
         assert!(events.len() as u64 + 2 >= spec.events);
-        let device = RecordedDevice::new(H100_CAPACITY, crate::AllocatorConfig::default());
+        let device = RecordedDevice::new(H100_CAPACITY, crate::config::AllocatorConfig::default());
         let p = plan(&events, &device).expect("consistent");
         assert!(p.inferred.is_empty());
         let (mut live, mut peak) = (0i64, 0i64);

@@ -408,7 +408,7 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StreamId;
+    use crate::backend::StreamId;
 
     fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
         TraceEvent {

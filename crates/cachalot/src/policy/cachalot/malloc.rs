@@ -8,7 +8,7 @@ use crate::error::{check_request, Error, OomReport, Result};
 
 use super::pool::ROUNDING;
 use super::CachalotAllocator;
-use crate::DeviceAllocator;
+use crate::device_allocator::DeviceAllocator;
 
 impl CachalotAllocator {
     /// Allocates `size` bytes on `stream`, from the first of:

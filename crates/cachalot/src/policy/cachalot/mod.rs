@@ -195,10 +195,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
+use crate::device_allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::snapshot::MemorySnapshot;
@@ -387,7 +387,7 @@ impl DeviceAllocator for CachalotAllocator {
             let (stream, pool) = (st.stream(), st.slot());
             st.validate()
                 .map_err(|e| InvariantViolation(format!("{stream}: {e}")))?;
-            crate::ensure_invariant!(
+            crate::error::ensure_invariant!(
                 pool == 0 || pools.contains(&pool) || st.reserved() == 0,
                 "{stream}: a lane of forgotten private pool slot {pool} holds memory"
             );
@@ -415,7 +415,7 @@ impl DeviceAllocator for CachalotAllocator {
             m.validate(&now)?;
         }
         let held = self.pages.held_in_use();
-        crate::ensure_invariant!(
+        crate::error::ensure_invariant!(
             reserved == held,
             "streams reserve {reserved} bytes but {held} are held from the device (orphans aside)"
         );

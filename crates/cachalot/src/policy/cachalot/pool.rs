@@ -621,8 +621,8 @@ mod tests {
     /// A fresh stream's ledger.
     fn ledger() -> Ledger {
         Ledger::new(
-            crate::MemoryStats::new(None),
-            crate::StreamId(0),
+            crate::stats::MemoryStats::new(None),
+            crate::backend::StreamId(0),
             std::time::Instant::now(),
         )
     }

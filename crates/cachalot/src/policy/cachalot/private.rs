@@ -10,10 +10,10 @@ use std::collections::HashSet;
 use std::sync::MutexGuard;
 
 use crate::backend::{DevicePtr, StreamId};
+use crate::device_allocator::DeviceAllocator;
 use crate::error::{Error, Result};
 use crate::private_pool::{PoolAllocation, PoolBook, PoolId};
 use crate::snapshot::BlockState;
-use crate::DeviceAllocator;
 
 use super::pool::ROUNDING;
 use super::CachalotAllocator;

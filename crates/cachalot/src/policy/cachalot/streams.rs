@@ -164,8 +164,9 @@ mod tests {
     use std::sync::Arc;
 
     use crate::backend::sim::SimBackend;
+    use crate::config::AllocatorConfig;
+    use crate::device_allocator::{DeviceAllocator, PrivatePools};
     use crate::private_pool::PoolId;
-    use crate::{AllocatorConfig, DeviceAllocator, PrivatePools};
 
     use super::*;
 

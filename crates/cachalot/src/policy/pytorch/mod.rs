@@ -51,10 +51,10 @@ mod validate;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::backend::{Backend, DevicePtr, StreamId};
 use crate::backing::Backing;
 use crate::config::{AllocatorConfig, PlacementSettings, PolicyKind};
+use crate::device_allocator::{DeviceAllocator, PrivatePools, Tags};
 use crate::error::{Error, InvariantViolation, Result};
 use crate::event::Observer;
 use crate::private_pool::{PoolAllocation, PoolId, PoolOptions, RouteFilter, SegmentSource};

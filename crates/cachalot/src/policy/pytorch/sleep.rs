@@ -56,7 +56,7 @@ impl State {
         Ok(())
     }
 
-    /// Pauses tag `id` (see [`crate::Tags::pause_tag`]).
+    /// Pauses tag `id` (see [`crate::device_allocator::Tags::pause_tag`]).
     pub(crate) fn pause_tag(&mut self, id: PoolId, when_busy: WhenBusy) -> Result<SleepReport> {
         let (slot, tag) = self.tag_of(id)?;
         if tag.paused {
@@ -95,7 +95,7 @@ impl State {
         Ok(report)
     }
 
-    /// Resumes paused tag `id` (see [`crate::Tags::resume_tag`]).
+    /// Resumes paused tag `id` (see [`crate::device_allocator::Tags::resume_tag`]).
     pub(crate) fn resume_tag(&mut self, id: PoolId) -> Result<SleepReport> {
         let (slot, tag) = self.tag_of(id)?;
         if !tag.paused {
@@ -324,7 +324,7 @@ fn partial(
     done: usize,
     left: usize,
     cause: BackendError,
-) -> crate::Error {
+) -> crate::error::Error {
     SleepError::Partial {
         what,
         pool,

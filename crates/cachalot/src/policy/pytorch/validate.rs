@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::ensure_invariant;
+use crate::error::ensure_invariant;
 use crate::error::InvariantViolation;
 use crate::stats::StatPool;
 

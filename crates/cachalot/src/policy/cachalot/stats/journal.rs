@@ -218,7 +218,7 @@ impl Run {
         let (mut begin, mut stamp) = (0, 0);
         for (i, c) in self.chunks.iter().enumerate() {
             let changes = self.entries.get(begin..c.end).unwrap_or_default();
-            crate::ensure_invariant!(
+            crate::error::ensure_invariant!(
                 !changes.is_empty()
                     && changes[0].0 == c.first
                     && changes[changes.len() - 1].0 == c.last,
@@ -227,18 +227,18 @@ impl Run {
             );
             let mut top = level;
             for &(t, change) in changes {
-                crate::ensure_invariant!(t >= stamp, "journal stamps go back at {t}");
+                crate::error::ensure_invariant!(t >= stamp, "journal stamps go back at {t}");
                 stamp = t;
                 level.shift(change);
                 top.raise(&level);
             }
-            crate::ensure_invariant!(
+            crate::error::ensure_invariant!(
                 level == c.level && c.top.first_below(&top).is_none(),
                 "journal chunk {i}: its values or highest values are not its changes'"
             );
             begin = c.end;
         }
-        crate::ensure_invariant!(
+        crate::error::ensure_invariant!(
             begin == self.entries.len(),
             "{} journaled changes are in no chunk",
             self.entries.len() - begin

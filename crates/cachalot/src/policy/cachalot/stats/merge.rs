@@ -296,7 +296,7 @@ impl Merged {
     /// With every cut settled and the streams still at the last: no peak is
     /// below the device's values `now` (the streams' sum).
     pub(crate) fn validate(&self, now: &Levels) -> Result<(), InvariantViolation> {
-        crate::ensure_invariant!(
+        crate::error::ensure_invariant!(
             self.in_flight == 0,
             "{} cuts were never settled",
             self.in_flight

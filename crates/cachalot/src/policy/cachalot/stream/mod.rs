@@ -3,13 +3,10 @@
 //! from its cache once it holds its page budget (`budget`, which also says
 //! whether the stream churns).
 //!
-//! A churning stream (`budget`) also keeps its last [`RECENT`] freed large
-//! blocks unmerged for the next request of exactly their size (its layout
-//! never repeats, but within a step sizes do: 80% of bert_dynamic's large
-//! requests are such hits, each skipping a best-fit search, a split and a
-//! merge). Their pages do not count as in use (the budget is unchanged) and
-//! they go back into the heap before any page is mapped.
-//! `cachalot_churn_slack` 0 turns both this and the raised budget off.
+//! A churning stream (`budget`) has a raised budget
+//! (`cachalot_churn_slack`; 0 turns it off); its freed large blocks merge
+//! back as any other's (kept unmerged for exact-size reuse, they held pages
+//! the next layout needed elsewhere).
 //!
 //! Everything here runs under the stream's own lock; the only shared thing it
 //! touches is [`Pages`], and only when a page or segment must come from (or go
@@ -24,8 +21,6 @@ use crate::snapshot::SegmentInfo;
 
 use super::budget::Budget;
 use super::pool::Pool;
-#[cfg(doc)]
-use super::pool::RECENT;
 use super::settings::StreamConfig;
 use super::stats::ledger::Ledger;
 use super::vm::pages::Pages;

@@ -18,10 +18,6 @@ use crate::sleep::{Backup, SleepReport, TagState, WhenBusy};
 use crate::snapshot::MemorySnapshot;
 use crate::stats::MemoryStats;
 
-/// Where users have always found it; it lives with the policies it chooses
-/// between.
-pub use crate::policy::create;
-
 /// A caching allocator for one device: allocation, frees, statistics,
 /// snapshots; its private pools ([`PrivatePools`]) and tags ([`Tags`]) are
 /// extension traits it requires, in scope where their methods are called.
