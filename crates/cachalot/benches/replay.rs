@@ -100,11 +100,6 @@ fn bench_synthetic(c: &mut Criterion) {
     ];
     for (name, plan, capacity) in cases {
         for policy in ["pytorch", "cachalot"] {
-            // The cachalot policy finds a stream's entry by a scan of its
-            // table: 100k streams each keeping a cached page take minutes.
-            if name == "streams_100k" && policy == "cachalot" {
-                continue;
-            }
             let config = AllocatorConfig::parse(&format!("policy:{policy}")).expect("parses");
             group.bench_function(format!("{name}/{policy}"), |b| {
                 b.iter(|| {

@@ -12,9 +12,17 @@
 //! key may thus change under a reader that found it without a lock: what
 //! holds it is the state's own key, read under the state's lock
 //! ([`StreamState::is`]).
+//!
+//! A few streams are found by a scan of the table (a handful of loads);
+//! past [`SCANNED`] entries, by an index of keys and one of ranges
+//! ([`Spans`]), and a new stream looks for an idle entry to take over among
+//! at most [`PROBES`] of them, from where the last search stopped: a process
+//! with a hundred thousand streams holding memory at once makes each new one
+//! in constant time, not in time growing with the table.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 use spin::relax::Yield;
@@ -23,7 +31,7 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::private_pool::SegmentSource;
 
 use super::stream::StreamState;
-use super::vm::ranges::RangeTable;
+use super::vm::ranges::{RangeTable, Spans};
 
 thread_local! {
     /// (directory address, entry index) of the stream this thread's last
@@ -38,6 +46,12 @@ const FIRST_CHUNK: usize = 8;
 /// Chunks at most: `FIRST_CHUNK << CHUNKS` entries, more than any process
 /// could hold.
 const CHUNKS: usize = 48;
+
+/// Entries found by a scan of the table; past them, through the indexes.
+const SCANNED: usize = 16;
+
+/// Entries a new stream looks at for one to take over.
+const PROBES: usize = 64;
 
 /// A stream's state on cache lines of its own, so that the stream's writes
 /// (its lock, its statistics) never share a line with what other threads read
@@ -101,6 +115,12 @@ pub(crate) struct Directory {
     chunks: [OnceLock<Box<[OnceLock<StreamEntry>]>>; CHUNKS],
     len: AtomicUsize,
     grow: Mutex<()>,
+    /// Each entry's published key, to its index (written under `grow`).
+    keys: RwLock<HashMap<(u64, u32), usize>>,
+    /// Every entry's ranges.
+    spans: Arc<Spans>,
+    /// Where the next search for an idle entry starts.
+    cursor: AtomicUsize,
 }
 
 impl Default for Directory {
@@ -109,6 +129,9 @@ impl Default for Directory {
             chunks: std::array::from_fn(|_| OnceLock::new()),
             len: AtomicUsize::new(0),
             grow: Mutex::new(()),
+            keys: RwLock::default(),
+            spans: Arc::default(),
+            cursor: AtomicUsize::new(0),
         }
     }
 }
@@ -141,7 +164,58 @@ impl Directory {
     /// (see the module docs).
     #[inline(always)]
     pub(crate) fn get(&self, stream: StreamId, pool: u32) -> Option<&StreamEntry> {
-        self.iter().find(|e| e.keyed(stream, pool))
+        if self.len.load(Ordering::Acquire) <= SCANNED {
+            return self.iter().find(|e| e.keyed(stream, pool));
+        }
+        self.get_indexed(stream, pool)
+    }
+
+    /// [`Directory::get`] through the index of keys.
+    #[cold]
+    #[inline(never)]
+    fn get_indexed(&self, stream: StreamId, pool: u32) -> Option<&StreamEntry> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let i = *keys.get(&(stream.0, pool))?;
+        self.at(i).filter(|e| e.keyed(stream, pool))
+    }
+
+    /// Publishes entry `i` for `stream` in slot `pool` (under `grow`), in the
+    /// entry and in the index of keys.
+    fn publish(&self, i: usize, e: &StreamEntry, stream: StreamId, pool: u32) {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let old = (
+            e.stream.load(Ordering::Acquire),
+            e.pool.load(Ordering::Acquire),
+        );
+        if keys.get(&old) == Some(&i) {
+            keys.remove(&old);
+        }
+        e.publish(stream, pool);
+        keys.insert((stream.0, pool), i);
+    }
+
+    /// An idle entry taken over for `stream` in slot `pool` (under `grow`):
+    /// one of at most [`PROBES`] entries from where the last search stopped.
+    fn take_over(
+        &self,
+        stream: StreamId,
+        pool: u32,
+        source: &Option<Arc<dyn SegmentSource>>,
+    ) -> Option<&StreamEntry> {
+        let len = self.len.load(Ordering::Acquire);
+        let start = self.cursor.load(Ordering::Relaxed) % len.max(1);
+        for k in 0..len.min(PROBES) {
+            let i = (start + k) % len;
+            let Some(e) = self.at(i) else { continue };
+            if e.lock().recycle(stream, pool, source) {
+                self.cursor.store(i + 1, Ordering::Relaxed);
+                self.publish(i, e, stream, pool);
+                return Some(e);
+            }
+        }
+        self.cursor
+            .store(start + len.min(PROBES), Ordering::Relaxed);
+        None
     }
 
     /// The entry of `stream` in pool slot `pool`: the one published for
@@ -159,15 +233,14 @@ impl Directory {
         if let Some(e) = self.get(stream, pool) {
             return e;
         }
-        if let Some(e) = self.iter().find(|e| e.lock().recycle(stream, pool, source)) {
-            e.publish(stream, pool);
+        if let Some(e) = self.take_over(stream, pool, source) {
             return e;
         }
         let n = self.len.load(Ordering::Acquire);
         let (k, j) = locate(n);
         let chunk =
             self.chunks[k].get_or_init(|| (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect());
-        let ranges = Arc::new(RangeTable::default());
+        let ranges = Arc::new(RangeTable::new(self.spans.clone(), n));
         let state = Isolated(StreamLock::new(make(ranges.clone())));
         let entry = chunk[j].get_or_init(|| StreamEntry {
             stream: AtomicU64::new(stream.0),
@@ -175,6 +248,10 @@ impl Directory {
             ranges,
             state,
         });
+        self.keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((stream.0, pool), n);
         self.len.store(n + 1, Ordering::Release);
         entry
     }
@@ -186,9 +263,13 @@ impl Directory {
     /// ([`StreamState::recycle`]).
     pub(crate) fn retire_slot(&self, slot: u32) {
         let _guard = self.freeze();
-        for e in self.iter().filter(|e| e.slot() == slot) {
+        let retired: Vec<usize> = (0..self.len.load(Ordering::Acquire))
+            .filter(|i| self.at(*i).is_some_and(|e| e.slot() == slot))
+            .collect();
+        for i in retired {
+            let Some(e) = self.at(i) else { continue };
             e.lock().retire();
-            e.publish(StreamId(u64::MAX), u32::MAX);
+            self.publish(i, e, StreamId(u64::MAX), u32::MAX);
         }
     }
 
@@ -216,10 +297,16 @@ impl Directory {
                 return Some(e);
             }
         }
-        let (i, e) = self
-            .iter()
-            .enumerate()
-            .find(|(_, e)| e.ranges.contains(ptr))?;
+        let (i, e) = match len <= SCANNED {
+            true => self
+                .iter()
+                .enumerate()
+                .find(|(_, e)| e.ranges.contains(ptr))?,
+            false => {
+                let i = self.spans.find(ptr)?;
+                (i, self.at(i).filter(|e| e.ranges.contains(ptr))?)
+            }
+        };
         LAST_OWNER.set((me, i));
         Some(e)
     }

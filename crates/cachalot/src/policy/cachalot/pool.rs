@@ -516,11 +516,16 @@ impl Pool {
     /// Reserved bytes and segment count, recounted from the pool's state.
     pub(crate) fn recount_reserved(&self) -> (u64, u64) {
         match &self.cells {
-            Some(s) => (s.mapped() * s.granularity(), s.runs()),
-            None => (
-                self.heap.regions().map(|r| r.size).sum(),
-                self.heap.regions().count() as u64,
-            ),
+            Some(s) => (self.reserved(), s.runs()),
+            None => (self.reserved(), self.heap.regions().count() as u64),
+        }
+    }
+
+    /// Bytes held in mapped pages or device segments.
+    pub(crate) fn reserved(&self) -> u64 {
+        match &self.cells {
+            Some(s) => s.mapped() * s.granularity(),
+            None => self.heap.regions().map(|r| r.size).sum(),
         }
     }
 

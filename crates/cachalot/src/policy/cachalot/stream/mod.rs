@@ -246,7 +246,7 @@ impl StreamState {
 
     /// Bytes held in pages and segments by this stream.
     pub(crate) fn reserved(&self) -> u64 {
-        self.pools.iter().map(|p| p.recount_reserved().0).sum()
+        self.pools.iter().map(Pool::reserved).sum()
     }
 
     /// Checks this stream's invariants.
