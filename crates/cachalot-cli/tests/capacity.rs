@@ -1,9 +1,7 @@
 //! `--capacity`: a simulated device from one 2 MiB page to 256 TiB replays
 //! under both policies; anything outside that range is refused, naming it.
 
-mod common;
-
-use common::run;
+use cachalot_testkit::cli::run;
 use std::path::{Path, PathBuf};
 
 const MIN: u64 = 2 << 20;

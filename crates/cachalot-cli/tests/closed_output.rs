@@ -2,13 +2,10 @@
 //! the pipe early (`| head -1`) ends the command quietly with status 0, and a
 //! full disk is an error message and status 1, never a panic.
 
+use cachalot_testkit::cli::repo;
 use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use std::path::Path;
+use std::process::{Output, Stdio};
 
 fn data(name: &str) -> String {
     repo().join("data").join(name).display().to_string()
@@ -31,7 +28,7 @@ fn commands(dir: &Path) -> Vec<Vec<String>> {
 }
 
 fn run(args: &[String], stdout: Stdio) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let mut child = cachalot_testkit::cli::cachalot()
         .args(args)
         .stdout(stdout)
         .stderr(Stdio::piped())

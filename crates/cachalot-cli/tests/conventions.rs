@@ -3,9 +3,7 @@
 //! the terminal raw, counts agree between subcommands, and the command names
 //! itself.
 
-mod common;
-
-use common::{repo, run, succeeds};
+use cachalot_testkit::cli::{repo, run, succeeds};
 
 fn data(name: &str) -> String {
     repo().join("data/traces").join(name).display().to_string()

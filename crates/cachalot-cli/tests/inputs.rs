@@ -2,9 +2,7 @@
 //! an input: every input kind by its content, errors with one prefix, the
 //! place in the file of an inconsistent event.
 
-mod common;
-
-use common::{repo, run, succeeds};
+use cachalot_testkit::cli::{repo, run, succeeds};
 
 fn data(name: &str) -> String {
     repo().join("data").join(name).display().to_string()

@@ -3,9 +3,7 @@
 //! bounded by what the figures need (at most 2 GiB, however large the file
 //! decompresses to).
 
-mod common;
-
-use common::succeeds;
+use cachalot_testkit::cli::succeeds;
 use nix::sys::resource::{getrusage, UsageWho};
 
 /// The largest peak resident memory of the commands this test process has

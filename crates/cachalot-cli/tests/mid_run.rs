@@ -6,9 +6,8 @@
 //! with (the library's tests/mid_run.rs checks every cut of every recording
 //! against the full replay in detail).
 
-mod common;
-
-use common::{recordings, run, succeeds};
+use cachalot_testkit::cli::{run, succeeds};
+use cachalot_testkit::recordings::every_recording as recordings;
 
 /// The live allocations at the end of `path`'s replay: (count, requested bytes).
 fn end_state(path: &str) -> (u64, u64) {

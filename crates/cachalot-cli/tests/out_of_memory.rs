@@ -1,8 +1,6 @@
 //! What `cachalot replay` says when the simulated device runs out: how often,
 //! in good English, and advice that fits the policy replayed.
 
-use std::process::Command;
-
 /// The standard error of `cachalot replay` of `allocs` allocations of 4 MiB
 /// on a 2 MiB device under `policy`.
 fn replay_out_of_memory(allocs: usize, policy: &str) -> String {
@@ -13,7 +11,7 @@ fn replay_out_of_memory(allocs: usize, policy: &str) -> String {
         text.push_str(&format!("{i},alloc,{},4194304,0\n", (i + 1) << 30));
     }
     std::fs::write(&trace, text).expect("writes");
-    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let out = cachalot_testkit::cli::cachalot()
         .arg("replay")
         .arg(&trace)
         .args(["--capacity", "2MiB", "--policy", policy])

@@ -2,9 +2,7 @@
 //! allocator, each pass's driver calls and reserved bytes, and the pass from
 //! which the workload no longer calls the driver.
 
-mod common;
-
-use common::{repo, run, succeeds};
+use cachalot_testkit::cli::{repo, run, succeeds};
 
 fn trace(name: &str) -> String {
     let path = repo().join(format!("data/traces/{name}.native.trace.csv.gz"));

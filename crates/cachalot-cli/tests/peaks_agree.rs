@@ -1,9 +1,8 @@
 //! Every bundled recording through `replay`, `compare`, `summary` and `view`:
 //! the four subcommands share one replay, so they must show the same peaks.
 
-mod common;
-
-use common::{recordings, succeeds};
+use cachalot_testkit::cli::succeeds;
+use cachalot_testkit::recordings::every_recording as recordings;
 
 /// PyTorch's `memory_summary` size cell: whole units, the unit chosen so the
 /// number stays under 768 of it.

@@ -1,9 +1,7 @@
 //! `cachalot summary`: the table, and the snapshot files it writes, read back by
 //! cachalot (JSON) and checked against PyTorch's snapshot schema (pickle).
 
-mod common;
-
-use common::{repo, succeeds};
+use cachalot_testkit::cli::{repo, succeeds};
 use std::process::Command;
 
 /// The table without the first line (which says how the run was made).
@@ -61,7 +59,7 @@ fn unreadable_input_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{\"format\":\"cachalot-snapshot\",\"version\":9}").expect("writes");
-    let out = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let out = cachalot_testkit::cli::cachalot()
         .arg("view")
         .arg(&bad)
         .output()

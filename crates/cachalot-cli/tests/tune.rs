@@ -2,12 +2,11 @@
 //! replays to the peak it printed, no higher than the default's; the last line
 //! is the one to paste; bad input gets a clear error.
 
-mod common;
-
 use std::io::Write;
 use std::path::PathBuf;
 
-use common::{recordings, repo, run};
+use cachalot_testkit::cli::{repo, run};
+use cachalot_testkit::recordings::every_recording as recordings;
 
 use serde_json::Value;
 

@@ -4,6 +4,7 @@
 //!
 //! Skips, saying so, when no Chromium is installed (`.ci/run` installs it).
 
+use cachalot_testkit::cli::repo;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,10 +27,6 @@ fn chromium() -> Option<PathBuf> {
                 .output()
                 .is_ok_and(|o| o.status.success())
         })
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn out_dir() -> PathBuf {
@@ -64,7 +61,7 @@ fn attribute(dom: &str, name: &str) -> Option<u64> {
 fn check_page(chromium: &Path, trace: &Path, name: &str, extra: &[&str]) -> String {
     let out = out_dir();
     let page = out.join(format!("{name}.html"));
-    let status = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let status = cachalot_testkit::cli::cachalot()
         .arg("view")
         .arg(trace)
         .args(extra)
@@ -247,7 +244,7 @@ fn a_five_million_event_trace_shows_the_exact_peaks_and_renders_quickly() {
     let trace = dir.path().join("synthetic.csv");
     synthetic_trace(&trace, 5_000_000);
     let trace = trace.to_str().expect("utf-8 path");
-    let replay = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let replay = cachalot_testkit::cli::cachalot()
         .args(["replay", trace, "--json"])
         .output()
         .expect("cachalot runs");
@@ -258,7 +255,7 @@ fn a_five_million_event_trace_shows_the_exact_peaks_and_renders_quickly() {
     assert!(reserved > 1 << 30, "the trace holds gigabytes: {reserved}");
 
     let page = out_dir().join("synthetic_5m.html");
-    let view = Command::new(env!("CARGO_BIN_EXE_cachalot"))
+    let view = cachalot_testkit::cli::cachalot()
         .args(["view", trace, "-o"])
         .arg(&page)
         .output()

@@ -4,8 +4,9 @@
 //! contract every backend and adaptor stack keeps ([`backend`],
 //! [`backend_suite!`]), test devices with
 //! counting, fault and limit adaptors ([`device`]), seeded generators
-//! ([`lcg`], [`splitmix`]), the bundled recordings ([`recordings`]) and a small reader
-//! and replayer of recorded traces ([`trace`]).
+//! ([`lcg`], [`splitmix`]), the bundled recordings ([`recordings`]), a small reader
+//! and replayer of recorded traces ([`trace`]), and the `cachalot` command as the
+//! command-line tests run it ([`cli`]).
 //!
 //! A crate of its own (a dev-dependency) rather than a module every test
 //! binary compiles, so that no test needs to allow dead code.
@@ -15,6 +16,7 @@
 //! `conformance_suite!(name, || -> Arc<dyn DeviceAllocator> { ... });`
 
 pub mod backend;
+pub mod cli;
 pub mod conformance;
 pub mod device;
 pub mod lcg;

@@ -15,3 +15,15 @@ pub fn recordings(suffix: &str) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Every bundled recording, trace CSVs and snapshot pickles, sorted by path.
+pub fn every_recording() -> Vec<PathBuf> {
+    let mut paths = recordings(".trace.csv.gz");
+    paths.extend(recordings(".snapshot.pickle.gz"));
+    paths.sort();
+    assert!(
+        paths.len() >= 10,
+        "the bundled recordings are there: {paths:?}"
+    );
+    paths
+}
