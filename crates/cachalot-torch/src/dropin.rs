@@ -18,7 +18,7 @@ use crate::error::PluginError;
 use crate::global::registry;
 use crate::reply::{put, reply};
 pub use crate::reply::{ERROR, OK, OOM};
-use crate::rows::{pytorch_action, BlockRow, SegmentRow, TraceRow};
+use crate::rows::{shown_as, BlockRow, SegmentRow, TraceRow};
 
 /// How many numbers [`cachalot_device_stats`] writes: nine arrays of three
 /// statistics (all, small pool, large pool) of four numbers (current, peak,
@@ -345,40 +345,25 @@ unsafe fn c_strings(strings: *const *const c_char, n: usize) -> Result<Vec<Strin
 /// The actions not to record, for PyTorch's names of them: a tag's pause
 /// and resume go with the unmap and map PyTorch shows them as.
 fn skipped_actions(names: &[String]) -> Result<Vec<Action>, PluginError> {
+    let pytorchs = || Action::ALL.into_iter().filter(|a| shown_as(*a) == *a);
     let mut skip = Vec::new();
     for name in names {
         let shown: Action = name.parse().map_err(|_| {
+            let known: Vec<&str> = pytorchs().map(Action::name).collect();
             PluginError::InvalidArgument(format!(
                 "unknown trace action to skip: '{name}' (one of {})",
-                PYTORCH_ACTIONS.map(Action::name).join(", ")
+                known.join(", ")
             ))
         })?;
-        if !PYTORCH_ACTIONS.contains(&shown) {
+        if shown_as(shown) != shown {
             return Err(PluginError::InvalidArgument(format!(
                 "'{name}' is not one of PyTorch's trace actions"
             )));
         }
-        skip.extend(
-            Action::ALL
-                .into_iter()
-                .filter(|a| pytorch_action(*a) == pytorch_action(shown)),
-        );
+        skip.extend(Action::ALL.into_iter().filter(|a| shown_as(*a) == shown));
     }
     Ok(skip)
 }
-
-/// PyTorch's trace actions (`TraceEntry::Action`), in its order.
-const PYTORCH_ACTIONS: [Action; 9] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Snapshot,
-    Action::Oom,
-];
 
 /// Every device's segments, blocks and recorded events, owned by the library
 /// until [`cachalot_snapshot_free`].

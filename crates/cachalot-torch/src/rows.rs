@@ -3,15 +3,21 @@
 
 use cachalot::event::Action;
 
-/// The index of `action` in PyTorch's `TraceEntry::Action`, the order of
-/// [`Action::ALL`]'s first nine. cachalot's own actions show as PyTorch's
-/// nearest: a tag's pause as `segment_unmap`, its resume as `segment_map`.
-pub fn pytorch_action(action: Action) -> u32 {
-    let shown = match action {
+/// The action PyTorch's traces show for `action`: its own, and for
+/// cachalot's own PyTorch's nearest (a tag's pause as `segment_unmap`, its
+/// resume as `segment_map`).
+pub fn shown_as(action: Action) -> Action {
+    match action {
         Action::SegmentPause => Action::SegmentUnmap,
         Action::SegmentResume => Action::SegmentMap,
         other => other,
-    };
+    }
+}
+
+/// The index of `action` in PyTorch's `TraceEntry::Action`, the order of
+/// [`Action::ALL`]'s first nine, as PyTorch shows it ([`shown_as`]).
+pub fn pytorch_action(action: Action) -> u32 {
+    let shown = shown_as(action);
     Action::ALL.iter().position(|a| *a == shown).unwrap_or(0) as u32
 }
 
