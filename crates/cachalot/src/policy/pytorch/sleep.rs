@@ -153,13 +153,10 @@ impl State {
     /// Notes that `stream`, routed to the pool in `slot`, allocates there
     /// during a capture, if that pool is a tag (see [`Tag::captured`]).
     pub(crate) fn note_capture_into(&mut self, slot: u32, stream: StreamId) {
-        let Some(tag) = self.tags.get(&slot) else {
-            return;
-        };
-        if !tag.captured && matches!(self.backend.capture_frontier(stream), Ok(Some(_))) {
-            if let Some(tag) = self.tags.get_mut(&slot) {
-                tag.captured = true;
-            }
+        let backend = &self.backend;
+        if let Some(tag) = self.tags.get_mut(&slot) {
+            tag.captured |=
+                !tag.captured && matches!(backend.capture_frontier(stream), Ok(Some(_)));
         }
     }
 
