@@ -163,7 +163,8 @@ def installed():
 
 
 def config():
-    """The configuration in force: ``{"policy": ..., "conf": ...}``."""
+    """The configuration in force: ``{"policy": ..., "conf": ..., "segments": ...}``
+    (``segments``: ``"driver"`` or ``"runtime"``, where segments come from)."""
     lib = _load()
     text = _take(lib.cachalot_config())
     if text is None:

@@ -28,6 +28,7 @@ def _library():
         return False
     _row("policy", conf["policy"])
     _row("settings", conf["conf"] or "(defaults)")
+    _row("segments", f"{conf['segments']} (segments:auto|driver|runtime)")
     return True
 
 

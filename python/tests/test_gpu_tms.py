@@ -19,7 +19,14 @@ the graph's private pool, not the region's, natively and on cachalot alike, as
 seen on an H200; the program prints where they went). torch_memory_saver
 0.0.10's own `cuda_graph` needs its preload mode; this is its torch mode with
 PyTorch's `torch.cuda.graph`. Without a host backup (which fails in torch mode,
-above) the inputs are written again after the resume."""
+above) the inputs are written again after the resume.
+
+Its preload mode (LD_PRELOAD of its library, which defines `cudaMalloc` and
+`cudaFree` and maps their memory itself inside a region) with its own
+`cuda_graph`, the case of its CUDA-graph example: cachalot sees the preloaded
+`cudaMalloc` and takes its segments from it (the `segments:auto` route), so
+the region's blocks and the graph's pool are paused with everything else, as
+natively."""
 
 import os
 import subprocess
@@ -140,4 +147,75 @@ def test_a_graph_replays_after_pause_and_resume(torch_gpu, who, where):
     assert first == "True", "the graph's first replay"
     assert int(freed) >= 30 * (1 << 20), f"the inputs' pages went back to the driver: {freed}"
     assert same == "True", "the same addresses after the resume"
+    assert second == "True", "the graph replayed on the resumed memory"
+
+
+PRELOAD_PROGRAM = """
+import sys
+import torch
+if sys.argv[1] == "cachalot":
+    import cachalot_torch
+    cachalot_torch.use()
+from torch_memory_saver import torch_memory_saver as saver
+MIB = 1 << 20
+rows = 64 * MIB // 4  # 64 MiB of float32 per row, 320 MiB in all
+with saver.region():
+    kv = torch.full((5, rows), 1.0, device="cuda")
+static_input = torch.zeros((5,), device="cuda")
+
+def step():
+    return (static_input + kv.mean(dim=1)).mean()
+
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    step()
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with saver.cuda_graph(g):
+    out = step()
+static_input.fill_(100.0)
+g.replay()
+first = out.item() == 101.0
+torch.cuda.empty_cache()
+torch.cuda.synchronize()
+free_before = torch.cuda.mem_get_info()[0]
+saver.pause()
+freed = torch.cuda.mem_get_info()[0] - free_before
+other = torch.zeros((freed // 2,), dtype=torch.uint8, device="cuda")
+del other
+torch.cuda.empty_cache()
+saver.resume()
+kv.fill_(2.0)
+static_input.fill_(200.0)
+g.replay()
+second = out.item() == 202.0
+route = "native"
+if sys.argv[1] == "cachalot":
+    cachalot_torch.validate()
+    route = cachalot_torch.config()["segments"]
+print("RESULT", first, second, freed, route, flush=True)
+"""
+
+
+@pytest.mark.parametrize("who", ["native", "cachalot"])
+def test_preload_mode_pauses_a_region_and_a_graph(torch_gpu, who):
+    pytest.importorskip("torch_memory_saver")
+    from torch_memory_saver.hooks.mode_preload import configure_subprocess
+
+    with configure_subprocess():
+        env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if who == "native":
+        env.pop("CACHALOT_ALLOC_CONF", None)
+    else:
+        env["CACHALOT_ALLOC_CONF"] = f"policy:{cachalot_torch.config()['policy']}"
+    done = subprocess.run([sys.executable, "-c", PRELOAD_PROGRAM, who],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, f"{who}: exit {done.returncode}: {done.stderr[-3000:]}"
+    _, first, second, freed, route = lines[-1].split()
+    assert route in ("native", "runtime"), f"segments from {route}: the preloaded cudaMalloc is not seen"
+    assert first == "True", "the graph's first replay"
+    assert int(freed) >= 300 * (1 << 20), f"the region's pages went back to the driver: {freed}"
     assert second == "True", "the graph replayed on the resumed memory"

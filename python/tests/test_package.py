@@ -28,11 +28,21 @@ def test_default_policy_is_pytorch():
     out = _run("-c", "import cachalot_torch, json; print(json.dumps(cachalot_torch.config()))")
     assert out.returncode == 0, out.stderr
     assert '"policy": "pytorch"' in out.stdout
+    assert '"segments": "driver"' in out.stdout, "nothing intercepts cudaMalloc here"
 
 
 def test_conf_selects_the_policy():
     out = _run("-c", "import cachalot_torch; print(cachalot_torch.config()['policy'])", conf="policy:cachalot")
     assert out.stdout.strip() == "cachalot", out.stderr
+
+
+def test_the_segment_route_is_cachalots_setting():
+    show = ("-c", "import cachalot_torch; print(cachalot_torch.config()['segments'])")
+    assert _run(*show, conf="segments:runtime").stdout.strip() == "runtime"
+    out = _run("-m", "cachalot_torch", PYTORCH_CUDA_ALLOC_CONF="segments:runtime")
+    assert out.returncode == 1 and "'segments' is cachalot's key" in out.stdout, "refused in PyTorch's variable"
+    out = _run("-m", "cachalot_torch")
+    assert "segments" in out.stdout and "driver" in out.stdout
 
 
 def test_pytorchs_settings_are_read_as_pytorch_reads_them():

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use cachalot::{DeviceAllocator, StreamId};
 
 use crate::context::ContextRestore;
+use crate::device;
 use crate::error::{self, PluginError, PluginResult};
 use crate::global::registry;
 use crate::guard::{guard, status, string};
@@ -118,17 +119,25 @@ pub extern "C" fn cachalot_memory_summary(device: c_int, abbreviated: c_int) -> 
     string(|| report::summary(registry()?, i64::from(device), abbreviated != 0))
 }
 
-/// The configuration in force, as JSON: `{"policy": ..., "conf": ...}` (`conf`:
-/// PyTorch's settings, then cachalot's); NULL on failure. Free it with
-/// [`cachalot_string_free`].
+/// The configuration in force, as JSON: `{"policy": ..., "conf": ...,
+/// "segments": ...}` (`conf`: PyTorch's settings, then cachalot's; `segments`:
+/// `driver` or `runtime`, where devices take their segments from); NULL on
+/// failure. Free it with [`cachalot_string_free`].
 #[no_mangle]
 pub extern "C" fn cachalot_config() -> *mut c_char {
     string(|| {
         let config = registry()?.config();
-        Ok(
-            serde_json::json!({ "policy": config.policy.name(), "conf": config.source })
-                .to_string(),
-        )
+        let segments = if device::runtime_segments(&config) {
+            "runtime"
+        } else {
+            "driver"
+        };
+        Ok(serde_json::json!({
+            "policy": config.policy.name(),
+            "conf": config.source,
+            "segments": segments,
+        })
+        .to_string())
     })
 }
 

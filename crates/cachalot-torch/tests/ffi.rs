@@ -30,6 +30,8 @@ fn the_c_abi_fails_cleanly_and_never_unwinds() {
     assert_eq!(cachalot_init(), 0, "{:?}", last_error());
     let config = take(cachalot_config()).expect("config");
     assert!(config.contains("\"policy\":\"pytorch\""), "{config}");
+    // Nothing in this process intercepts cudaMalloc: segments from the driver.
+    assert!(config.contains("\"segments\":\"driver\""), "{config}");
 
     // Freeing NULL, or asking for nothing, is not an error.
     cachalot_clear_last_error();

@@ -2,8 +2,9 @@
 //!
 //! The syntax is PyTorch's: comma-separated `key:value` pairs, list values in
 //! brackets (`roundup_power2_divisions:[256:1,512:2,>:8]`), whitespace ignored,
-//! booleans exactly `True` or `False`. cachalot adds one key, `policy`
-//! (`pytorch` or `cachalot`), and keys of its own policy prefixed `cachalot_`.
+//! booleans exactly `True` or `False`. cachalot adds two keys, `policy`
+//! (`pytorch` or `cachalot`) and `segments` (`auto`, `driver` or `runtime`:
+//! [`SegmentRoute`]), and keys of its own policy prefixed `cachalot_`.
 //! Unknown keys and bad values are errors that name the key. One parser,
 //! [`AllocatorConfig::parse`], serves the library, the CLI and the PyTorch plug-in;
 //! [`AllocatorConfig::layered`] reads PyTorch's own string under cachalot's (the
@@ -38,6 +39,51 @@ impl PolicyKind {
         match self {
             PolicyKind::Pytorch => "pytorch",
             PolicyKind::Cachalot => "cachalot",
+        }
+    }
+}
+
+/// Where a CUDA device's segments come from (`segments`): the choice of the
+/// program that opens the backend (the PyTorch plug-in), not of a policy.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SegmentRoute {
+    /// The runtime's `cudaMalloc` when a library preloaded before the CUDA
+    /// runtime intercepts it (torch_memory_saver's preload mode), else the
+    /// driver.
+    #[default]
+    Auto,
+    /// The driver's `cuMemAlloc`, with virtual memory where the device has it.
+    Driver,
+    /// The runtime's `cudaMalloc` as the process resolves it, with no virtual
+    /// memory (an interposer sees only what `cudaMalloc` gives).
+    Runtime,
+}
+
+impl SegmentRoute {
+    /// Whether segments come from the runtime, `interposed` telling (when
+    /// asked, for [`SegmentRoute::Auto`]) whether something intercepts
+    /// `cudaMalloc`.
+    pub fn runtime(self, interposed: impl FnOnce() -> bool) -> bool {
+        match self {
+            SegmentRoute::Auto => interposed(),
+            SegmentRoute::Driver => false,
+            SegmentRoute::Runtime => true,
+        }
+    }
+}
+
+impl FromStr for SegmentRoute {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "auto" => Ok(SegmentRoute::Auto),
+            "driver" => Ok(SegmentRoute::Driver),
+            "runtime" => Ok(SegmentRoute::Runtime),
+            _ => Err(ConfigError::bad(
+                "segments",
+                s,
+                "expected auto, driver or runtime",
+            )),
         }
     }
 }
@@ -156,7 +202,9 @@ pub struct AllocatorConfig {
     pub pinned_num_register_threads: u64,
     /// Accepted for compatibility (pinned host memory settings).
     pub pinned_use_background_threads: bool,
-    /// Accepted for compatibility (CUDA graph capture is not modelled).
+    /// Whether a block freed during a CUDA graph capture after `record_stream`
+    /// is reused once the capture has joined the recorded streams back
+    /// (`graph_capture_record_stream_reuse`). Default: false.
     pub graph_capture_record_stream_reuse: bool,
     /// `cachalot` policy: how far, as a fraction, a stream's mapped pages may exceed
     /// the most pages it ever had in use before it re-maps its own cached pages
@@ -197,6 +245,9 @@ pub struct AllocatorConfig {
     /// frees unmap and release the least recently used pages
     /// (`cachalot_release_threshold_mb`). Default: unlimited (`None`).
     pub cachalot_release_threshold: Option<u64>,
+    /// Where a CUDA device's segments come from (`segments`). Default: `auto`.
+    #[serde(default)]
+    pub segments: SegmentRoute,
     /// The string this configuration was parsed from.
     pub source: String,
 }
@@ -221,6 +272,7 @@ impl Default for AllocatorConfig {
             cachalot_reuse_min: 32 * MIB,
             cachalot_extent: 64 * MIB,
             cachalot_release_threshold: None,
+            segments: SegmentRoute::Auto,
             source: String::new(),
         }
     }
@@ -257,6 +309,7 @@ impl AllocatorConfig {
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         match key {
             "policy" => self.policy = value.parse()?,
+            "segments" => self.segments = value.parse()?,
             "backend" if value == "native" => {}
             "backend" => return Err(ConfigError::bad(key, value, "only `native` is provided")),
             "max_split_size_mb" => self.max_split_size = Some(parse_mb_at_least_20(key, value)?),
@@ -351,7 +404,7 @@ impl AllocatorConfig {
             ..AllocatorConfig::default()
         };
         for (key, value) in items(pytorch)? {
-            if key == "policy" || key.starts_with("cachalot_") {
+            if key == "policy" || key == "segments" || key.starts_with("cachalot_") {
                 return Err(ConfigError::NotPytorchKey(key.to_string()));
             }
             cfg.set(&key, &value)?;
@@ -656,6 +709,25 @@ mod tests {
         assert_eq!(c.cachalot_reuse_min, 0);
         assert!(AllocatorConfig::parse("cachalot_reuse_min_mb:-1").is_err());
         assert!(AllocatorConfig::parse(&format!("cachalot_reuse_min_mb:{}", u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn the_segment_route_is_cachalots_key_for_both_policies() {
+        assert_eq!(AllocatorConfig::default().segments, SegmentRoute::Auto);
+        for policy in ["pytorch", "cachalot"] {
+            let c =
+                AllocatorConfig::layered("", &format!("policy:{policy},segments:runtime")).unwrap();
+            assert_eq!(c.segments, SegmentRoute::Runtime);
+        }
+        assert!(matches!(
+            AllocatorConfig::layered("segments:driver", ""),
+            Err(ConfigError::NotPytorchKey(k)) if k == "segments"
+        ));
+        assert!(AllocatorConfig::parse("segments:cudaMalloc").is_err());
+        assert!(SegmentRoute::Runtime.runtime(|| false));
+        assert!(!SegmentRoute::Driver.runtime(|| true));
+        assert!(SegmentRoute::Auto.runtime(|| true));
+        assert!(!SegmentRoute::Auto.runtime(|| false));
     }
 
     #[test]

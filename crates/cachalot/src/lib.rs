@@ -160,7 +160,7 @@ pub mod allocator {
 
 pub use allocator::{DeviceAllocator, PrivatePools, Tags};
 pub use backend::{Backend, DevicePtr, StreamId};
-pub use config::{AllocatorConfig, PolicyKind};
+pub use config::{AllocatorConfig, PolicyKind, SegmentRoute};
 pub use error::{Error, OomReport, Result};
 pub use policy::PytorchAllocator;
 pub use stats::MemoryStats;

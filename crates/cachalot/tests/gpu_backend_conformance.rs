@@ -1,9 +1,11 @@
 //! The backend contract (`backend/mod.rs`, checked by
 //! `cachalot_testkit::backend`) on every backend and adaptor stack: the
 //! simulated device with and without virtual memory, each adaptor over it
-//! with nothing armed, a stack of all of them, and the CUDA backend, which
+//! with nothing armed, a stack of all of them, and the CUDA backend (its
+//! segments from the driver, and from the runtime's `cudaMalloc`), which
 //! prints "skipped: no GPU (...)" and checks the simulated device instead
-//! where no GPU is present (named `gpu_*` so that the GPU script runs it).
+//! where no GPU (or no CUDA runtime) is present (named `gpu_*` so that the GPU
+//! script runs it).
 
 use std::sync::Arc;
 
@@ -42,6 +44,17 @@ backend_suite!(cuda, || -> Arc<dyn Backend> {
         Err(e) => {
             eprintln!("skipped: no GPU ({e}); checked on the simulated device instead");
             sim(true)
+        }
+    }
+});
+backend_suite!(cuda_runtime_segments, || -> Arc<dyn Backend> {
+    match CudaBackend::with_runtime_segments(0) {
+        Ok(gpu) => Arc::new(gpu),
+        Err(e) => {
+            eprintln!(
+                "skipped: no GPU or CUDA runtime ({e}); checked on the simulated device instead"
+            );
+            sim(false)
         }
     }
 });

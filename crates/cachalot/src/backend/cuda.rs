@@ -1,7 +1,10 @@
 //! The CUDA backend: a real GPU through the CUDA driver API (cudarc's `sys` layer,
 //! loaded at run time).
 //!
-//! * Segments are `cuMemAlloc`/`cuMemFree`; virtual memory is `cuMemAddressReserve`,
+//! * Segments are `cuMemAlloc`/`cuMemFree` (or, from
+//!   [`CudaBackend::with_runtime_segments`], the runtime's `cudaMalloc`/`cudaFree`
+//!   as the process resolves them, for libraries that intercept those, with no
+//!   virtual memory); virtual memory is `cuMemAddressReserve`,
 //!   `cuMemCreate`, `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`,
 //!   `cuMemAddressFree`, with pages of the device's minimum granularity. Pages
 //!   are mapped readable and writable by the device and by every GPU that can
@@ -29,6 +32,9 @@ mod capture;
 mod driver;
 mod host;
 mod registry;
+mod runtime;
+
+pub use self::runtime::interposed as runtime_malloc_interposed;
 
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -42,6 +48,7 @@ use cudarc::driver::sys::{self, CUresult};
 
 use self::driver::{check, Context};
 use self::registry::Registry;
+use self::runtime::Runtime;
 use super::host::{HostMemory, ToDevice, ToHost};
 use super::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, GraphNode,
@@ -62,6 +69,9 @@ pub struct CudaBackend {
     /// The stream [`Backend::download`] and [`Backend::upload`] queue copies
     /// on, made on first use.
     copy_stream: Mutex<Option<StreamId>>,
+    /// Where segments come from: the runtime's `cudaMalloc` as the process
+    /// resolves it, or (`None`) the driver's `cuMemAlloc`.
+    runtime: Option<Runtime>,
 }
 
 impl fmt::Debug for CudaBackend {
@@ -98,10 +108,28 @@ impl CudaBackend {
     /// [`BackendError::Unavailable`] when the driver library is missing, sees no GPU
     /// or no device of that ordinal; [`BackendError::Device`] when it fails.
     pub fn new(ordinal: usize) -> BackendResult<CudaBackend> {
+        CudaBackend::open(ordinal, None)
+    }
+
+    /// Opens device `ordinal` with segments from the CUDA runtime's `cudaMalloc`
+    /// and `cudaFree` as the process resolves them, so that a library preloaded
+    /// to intercept them (torch_memory_saver's preload mode) sees every segment,
+    /// as it sees PyTorch's own allocator's. Such a library cannot see pages
+    /// the driver maps, so this backend has no virtual memory: the policies use
+    /// segments only.
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`]; [`BackendError::Unavailable`] also when the
+    /// process has no CUDA runtime and none can be loaded.
+    pub fn with_runtime_segments(ordinal: usize) -> BackendResult<CudaBackend> {
+        CudaBackend::open(ordinal, Some(Runtime::find()?))
+    }
+
+    fn open(ordinal: usize, runtime: Option<Runtime>) -> BackendResult<CudaBackend> {
         let ctx = Context::retain(ordinal)?;
         ctx.bind(CallKind::MemInfo)?;
         let device = ctx.device();
-        let virtual_memory = driver::supports_virtual_memory(device)?;
+        let virtual_memory = runtime.is_none() && driver::supports_virtual_memory(device)?;
         let caps = Capabilities {
             name: driver::device_name(device)?,
             device: ordinal,
@@ -126,6 +154,7 @@ impl CudaBackend {
             shareable_pages: AtomicBool::new(true),
             opened: Mutex::new(HashSet::new()),
             copy_stream: Mutex::new(None),
+            runtime,
         })
     }
 
@@ -193,6 +222,18 @@ impl CudaBackend {
             sys::cuMemCreate(&mut handle, bytes, &prop, 0)
         })?;
         Ok(handle)
+    }
+
+    /// Gives segment `ptr` back the way it came: `cudaFree` or `cuMemFree`.
+    fn release_segment(&self, ptr: DevicePtr) -> BackendResult<()> {
+        match &self.runtime {
+            Some(runtime) => runtime.free(ptr),
+            // SAFETY: `ptr` is the base of a live segment this backend
+            // allocated with cuMemAlloc; the caller bound the context.
+            None => check(CallKind::SegmentFree, 0, || unsafe {
+                sys::cuMemFree_v2(ptr)
+            }),
+        }
     }
 
     fn opened(&self) -> std::sync::MutexGuard<'_, HashSet<DevicePtr>> {
@@ -396,11 +437,17 @@ impl Backend for CudaBackend {
         let bytes = request_bytes(call, size, 0)?;
         let mut reg = self.write();
         self.ctx.bind(call)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current and `ptr` is a valid out-pointer.
-        check(call, size, || unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, bytes)
-        })?;
+        let ptr = match &self.runtime {
+            Some(runtime) => runtime.malloc(bytes, size)?,
+            None => {
+                let mut ptr: sys::CUdeviceptr = 0;
+                // SAFETY: the context is current and `ptr` is a valid out-pointer.
+                check(call, size, || unsafe {
+                    sys::cuMemAlloc_v2(&mut ptr, bytes)
+                })?;
+                ptr
+            }
+        };
         reg.add_segment(ptr, size);
         Ok(ptr)
     }
@@ -410,8 +457,7 @@ impl Backend for CudaBackend {
         let mut reg = self.write();
         reg.check_segment(ptr)?;
         self.ctx.bind(call)?;
-        // SAFETY: `ptr` is the base of a live segment this backend allocated.
-        check(call, 0, || unsafe { sys::cuMemFree_v2(ptr) })?;
+        self.release_segment(ptr)?;
         reg.remove_segment(ptr);
         Ok(())
     }
@@ -780,9 +826,7 @@ impl Drop for CudaBackend {
             });
         }
         for ptr in left.segments {
-            let _ = check(CallKind::SegmentFree, 0, || unsafe {
-                sys::cuMemFree_v2(ptr)
-            });
+            let _ = self.release_segment(ptr);
         }
         for event in left.events {
             let _ = check(CallKind::DestroyEvent, 0, || unsafe {
