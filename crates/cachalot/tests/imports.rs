@@ -273,9 +273,9 @@ fn target(
 
 /// Each crate's layers as its lib.rs documents them, top first: the
 /// top-level modules of each layer.
-const LAYERS: [(&str, &[&[&str]]); 2] = [
+const LAYERS: [(&str, &[&[&str]]); 3] = [
     (
-        "cachalot",
+        "cachalot-core",
         &[
             &["trace", "replay", "tune", "view"],
             &["ipc", "report", "golden", "snapshot_io"],
@@ -300,6 +300,10 @@ const LAYERS: [(&str, &[&[&str]]); 2] = [
             ],
             &["backend"],
         ],
+    ),
+    (
+        "cachalot-cuda",
+        &[&["host", "capture"], &["registry", "runtime", "driver"]],
     ),
     (
         "cachalot-torch",
@@ -427,6 +431,53 @@ fn strongly_connected(
         }
     }
     s.out
+}
+
+/// The workspace's crates in the order docs/architecture.md draws them,
+/// lowest first: a crate's `[dependencies]` name only crates before it.
+const CRATES: [&str; 7] = [
+    "cachalot-core",
+    "cachalot-cuda",
+    "cachalot",
+    "cachalot-testkit",
+    "cachalot-tensor",
+    "cachalot-torch",
+    "cachalot-cli",
+];
+
+/// The workspace crates `name`'s manifest lists under `[dependencies]`.
+fn dependencies(name: &str) -> Vec<String> {
+    let manifest = workspace().join("crates").join(name).join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).expect("a manifest");
+    let mut section = "";
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[dependencies]" && line.starts_with("cachalot") {
+            let dep = line.split(['.', ' ', '=']).next().expect("a name");
+            out.push(dep.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_crate_depends_only_on_crates_below_it() {
+    let on_disk: BTreeSet<String> = crates().into_iter().map(|c| c.name).collect();
+    let listed: BTreeSet<String> = CRATES.iter().map(|c| c.to_string()).collect();
+    assert_eq!(on_disk, listed, "CRATES names every crate of crates/");
+    let mut found = Vec::new();
+    for (rank, name) in CRATES.iter().enumerate() {
+        for dep in dependencies(name) {
+            match CRATES.iter().position(|c| *c == dep) {
+                Some(r) if r < rank => {}
+                _ => found.push(format!("{name} depends on {dep}, not a crate below it")),
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    assert_eq!(dependencies("cachalot-cuda"), ["cachalot-core"]);
 }
 
 #[test]

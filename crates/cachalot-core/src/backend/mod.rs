@@ -3,7 +3,7 @@
 //! An allocator policy never talks to a GPU directly; it asks a [`Backend`]. Two
 //! backends exist: [`sim`] (a simulated device, deterministic
 //! and strict, the default wherever no GPU is present) and `cuda` (a real GPU through
-//! cudarc). Concerns that cut across backends (a memory limit, latency, fault
+//! cudarc, in the `cachalot-cuda` crate, reached as `cachalot::backend::cuda`). Concerns that cut across backends (a memory limit, latency, fault
 //! injection, call counting) are wrappers implementing this same trait, never
 //! `if`s inside `malloc`, and they compose over any backend:
 //! [`counting::Counting`] counts calls by kind, [`faults::Faults`] makes chosen
@@ -49,7 +49,6 @@
 
 pub mod adaptor;
 pub mod counting;
-pub mod cuda;
 pub mod faults;
 pub mod host;
 pub mod limit;

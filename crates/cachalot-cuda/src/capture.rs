@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use cudarc::driver::sys::{self, CUstreamCaptureStatus};
 
 use super::driver::check;
-use crate::backend::{BackendResult, CallKind, GraphNode};
+use cachalot_core::backend::{BackendResult, CallKind, GraphNode};
 
 const CALL: CallKind = CallKind::CaptureInfo;
 

@@ -2,10 +2,10 @@
 //! its start, grouped by where they were made when history records backtraces.
 //!
 //! ```
-//! use cachalot::history::{History, HistoryConfig};
-//! use cachalot::event::{Action, Observer, TraceEvent};
-//! use cachalot::report::leak::LeakCheck;
-//! use cachalot::StreamId;
+//! use cachalot_core::history::{History, HistoryConfig};
+//! use cachalot_core::event::{Action, Observer, TraceEvent};
+//! use cachalot_core::report::leak::LeakCheck;
+//! use cachalot_core::StreamId;
 //!
 //! let history = History::new(HistoryConfig::default());
 //! let alloc = |addr| TraceEvent { time_us: 0, action: Action::Alloc, addr, size: 256, stream: StreamId(0) };

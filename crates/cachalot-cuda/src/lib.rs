@@ -27,6 +27,12 @@
 //!
 //! The inherent helpers beyond the [`Backend`] trait (streams, fills, copies, a
 //! stream delay) serve tests, benchmarks and the tensor layer.
+//!
+//! This crate is cachalot's CUDA backend alone (cudarc and libc); programs
+//! reach it as `cachalot::backend::cuda`, beside the core's backends.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(clippy::unwrap_used)]
 
 mod capture;
 mod driver;
@@ -49,8 +55,8 @@ use cudarc::driver::sys::{self, CUresult};
 use self::driver::{check, Context};
 use self::registry::Registry;
 use self::runtime::Runtime;
-use super::host::{HostMemory, ToDevice, ToHost};
-use super::{
+use cachalot_core::backend::host::{HostMemory, ToDevice, ToHost};
+use cachalot_core::backend::{
     Backend, BackendError, BackendResult, CallKind, Capabilities, DevicePtr, EventId, GraphNode,
     MemInfo, PageHandle, StreamId, IPC_HANDLE_BYTES,
 };

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::backend::{
+use cachalot_core::backend::{
     BackendError, BackendResult, CallKind, DevicePtr, EventId, PageHandle, StreamId,
 };
 

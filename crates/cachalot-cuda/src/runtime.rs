@@ -16,7 +16,7 @@
 
 use std::ffi::{c_int, c_void, CStr};
 
-use crate::backend::{BackendError, BackendResult, CallKind, DevicePtr};
+use cachalot_core::backend::{BackendError, BackendResult, CallKind, DevicePtr};
 
 /// `cudaErrorMemoryAllocation`.
 const MEMORY_ALLOCATION: c_int = 2;

@@ -7,9 +7,9 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use cachalot::history::{History, HistoryConfig};
-//! use cachalot::event::{Action, Observer, TraceEvent};
-//! use cachalot::StreamId;
+//! use cachalot_core::history::{History, HistoryConfig};
+//! use cachalot_core::event::{Action, Observer, TraceEvent};
+//! use cachalot_core::StreamId;
 //!
 //! let history = Arc::new(History::new(HistoryConfig { capacity: 2, ..HistoryConfig::default() }));
 //! // allocator.set_observer(Some(history.clone())); // then use the allocator

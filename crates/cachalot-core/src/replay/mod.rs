@@ -235,7 +235,7 @@ pub enum Device {
         /// Its memory, in bytes.
         capacity: u64,
     },
-    /// Any backend: a real GPU (a [`CudaBackend`](crate::backend::cuda::CudaBackend)),
+    /// Any backend: a real GPU (`cachalot::backend::cuda::CudaBackend`),
     /// say. A replay never touches the memory it allocates.
     Backend(Arc<dyn Backend>),
 }

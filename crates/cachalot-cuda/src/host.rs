@@ -10,8 +10,8 @@ use cudarc::driver::sys;
 
 use super::driver::{check, Context};
 use super::{stream_handle, CudaBackend};
-use crate::backend::host::{HostMemory, ToDevice, ToHost};
-use crate::backend::{BackendError, BackendResult, CallKind, StreamId};
+use cachalot_core::backend::host::{HostMemory, ToDevice, ToHost};
+use cachalot_core::backend::{BackendError, BackendResult, CallKind, StreamId};
 
 /// Page-locked host memory of one device's context, freed on drop.
 pub(super) struct PinnedHost {
@@ -134,7 +134,7 @@ impl CudaBackend {
         queued.and(waited)
     }
 
-    /// [`Backend::download`](crate::backend::Backend::download).
+    /// [`Backend::download`](cachalot_core::backend::Backend::download).
     pub(super) fn download_batch(&self, copies: &mut [ToHost<'_>]) -> BackendResult<()> {
         let range = |c: &ToHost<'_>| (c.src, c.dst.len() as u64);
         self.copy_batch(CallKind::Download, copies, range, |c, s| {
@@ -153,7 +153,7 @@ impl CudaBackend {
         })
     }
 
-    /// [`Backend::upload`](crate::backend::Backend::upload).
+    /// [`Backend::upload`](cachalot_core::backend::Backend::upload).
     pub(super) fn upload_batch(&self, copies: &[ToDevice<'_>]) -> BackendResult<()> {
         let mut copies = copies.to_vec();
         let range = |c: &ToDevice<'_>| (c.dst, c.src.len() as u64);

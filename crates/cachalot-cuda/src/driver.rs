@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys::{self, CUresult};
 
-use crate::backend::{BackendError, BackendResult, CallKind};
+use cachalot_core::backend::{BackendError, BackendResult, CallKind};
 
 /// Runs one driver call, catching a panic from cudarc's loader (a symbol missing
 /// from an old driver) and mapping the result code: out-of-memory becomes
