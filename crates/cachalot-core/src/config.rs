@@ -510,8 +510,12 @@ fn items(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
         .collect()
 }
 
-/// Splits on commas that are not inside brackets.
-pub(crate) fn split_top_level(s: &str) -> Result<Vec<&str>, ConfigError> {
+/// Splits a settings string on the commas that are not inside brackets (the
+/// items of `PYTORCH_CUDA_ALLOC_CONF` syntax, list values kept whole).
+///
+/// # Errors
+/// [`ConfigError::Syntax`] for unbalanced or nested brackets.
+pub fn split_top_level(s: &str) -> Result<Vec<&str>, ConfigError> {
     let mut items = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in s.char_indices() {

@@ -2,10 +2,12 @@
 //!
 //! The part of cachalot a Rust program needs to allocate: the backend trait,
 //! the simulated device and the adaptors, both policies, statistics, snapshots,
-//! sleep and wake, and the services over any allocator, with no CUDA library.
-//! The CUDA backend is the `cachalot-cuda` crate; the `cachalot` crate gathers
-//! both at the paths users know (`cachalot::backend::cuda::CudaBackend`,
-//! `cachalot::allocator::create`).
+//! sleep and wake, out-of-memory reports and sharing between processes, with
+//! no CUDA library and none of the tools' dependencies. The CUDA backend is the
+//! `cachalot-cuda` crate, the tools over recordings (readers, replay, tuning,
+//! the memory page, snapshot files) `cachalot-tools`; the `cachalot` crate
+//! gathers them at the paths users know (`cachalot::backend::cuda::CudaBackend`,
+//! `cachalot::allocator::create`, `cachalot::replay`).
 //!
 //! cachalot hands out device memory from a cache instead of calling the driver per
 //! buffer, keeps PyTorch's memory statistics, and can reproduce PyTorch 2.11's
@@ -101,8 +103,7 @@
 //! above): a module imports its own layer or those below it.
 //!
 //! ```text
-//!   trace  replay  tune  view          recordings in, replays, tuning, the page
-//!   ipc  report  golden  snapshot_io   services over any allocator
+//!   ipc  report                        services over any allocator
 //!   policy: pytorch | cachalot         the two policies, and create()
 //!   device_allocator                   DeviceAllocator (malloc, free, stats, ...);
 //!                                      PrivatePools, Tags: its extension traits
@@ -136,26 +137,20 @@ pub mod config;
 mod device_allocator;
 pub mod error;
 pub mod event;
-pub mod golden;
 pub mod history;
 pub mod ipc;
 pub mod policy;
 pub mod pool_id;
 pub mod private_pool;
-pub mod replay;
 pub mod report;
 mod segment_source;
 pub mod sleep;
 pub mod snapshot;
-pub mod snapshot_io;
 pub mod stats;
 pub mod summary;
 #[cfg(test)]
 mod test_rng;
-pub mod trace;
-pub mod tune;
 pub mod units;
-pub mod view;
 
 /// The per-device allocator: the interface every policy implements
 /// ([`DeviceAllocator`] and its extensions), and [`create`](allocator::create),

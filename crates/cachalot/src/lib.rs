@@ -9,10 +9,12 @@
 //!
 //! This crate gathers cachalot's crates at one set of paths: everything of
 //! [`cachalot_core`] (the allocator, the simulated device, the policies,
-//! statistics, snapshots, replay and tuning: its crate documentation has the
-//! glossary, the layers and the invariants), and the CUDA backend of
-//! `cachalot_cuda` as [`backend::cuda`]. A program that needs no GPU driver
-//! may depend on `cachalot-core` alone.
+//! statistics, snapshots, sleep and wake: its crate documentation has the
+//! glossary, the layers and the invariants), the tools over recordings of
+//! `cachalot_tools` ([`trace`], [`replay`], [`tune`], [`view`],
+//! [`snapshot_io`], [`golden`]), and the CUDA backend of `cachalot_cuda` as
+//! [`backend::cuda`]. A program that needs neither a GPU driver nor the
+//! tools may depend on `cachalot-core` alone.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -30,6 +32,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub use cachalot_core::*;
+pub use cachalot_tools::{golden, replay, snapshot_io, trace, tune, view};
 
 /// What provides segments, pages, streams and events: the core's backends
 /// and adaptors ([`cachalot_core::backend`]) and the CUDA backend.

@@ -1,11 +1,13 @@
 //! The backend contract (`backend/mod.rs`, checked by
 //! `cachalot_testkit::backend`) on every backend and adaptor stack: the
 //! simulated device with and without virtual memory, each adaptor over it
-//! with nothing armed, a stack of all of them, and the CUDA backend (its
-//! segments from the driver, and from the runtime's `cudaMalloc`), which
+//! with nothing armed, a stack of all of them, and the CUDA backend, which
 //! prints "skipped: no GPU (...)" and checks the simulated device instead
-//! where no GPU (or no CUDA runtime) is present (named `gpu_*` so that the GPU
-//! script runs it).
+//! where no GPU is present (named `gpu_*` so that the GPU script runs it).
+//! The CUDA backend with segments from the runtime's `cudaMalloc` has a test
+//! program of its own (`gpu_runtime_conformance.rs`): the suite checks the
+//! device's free memory, which two CUDA backends of one process would move
+//! under each other's checks.
 
 use std::sync::Arc;
 
@@ -44,17 +46,6 @@ backend_suite!(cuda, || -> Arc<dyn Backend> {
         Err(e) => {
             eprintln!("skipped: no GPU ({e}); checked on the simulated device instead");
             sim(true)
-        }
-    }
-});
-backend_suite!(cuda_runtime_segments, || -> Arc<dyn Backend> {
-    match CudaBackend::with_runtime_segments(0) {
-        Ok(gpu) => Arc::new(gpu),
-        Err(e) => {
-            eprintln!(
-                "skipped: no GPU or CUDA runtime ({e}); checked on the simulated device instead"
-            );
-            sim(false)
         }
     }
 });

@@ -273,12 +273,11 @@ fn target(
 
 /// Each crate's layers as its lib.rs documents them, top first: the
 /// top-level modules of each layer.
-const LAYERS: [(&str, &[&[&str]]); 3] = [
+const LAYERS: [(&str, &[&[&str]]); 4] = [
     (
         "cachalot-core",
         &[
-            &["trace", "replay", "tune", "view"],
-            &["ipc", "report", "golden", "snapshot_io"],
+            &["ipc", "report"],
             &["policy"],
             &["device_allocator"],
             &[
@@ -299,6 +298,13 @@ const LAYERS: [(&str, &[&[&str]]); 3] = [
                 "test_rng",
             ],
             &["backend"],
+        ],
+    ),
+    (
+        "cachalot-tools",
+        &[
+            &["trace", "replay", "tune", "view"],
+            &["golden", "snapshot_io"],
         ],
     ),
     (
@@ -435,9 +441,10 @@ fn strongly_connected(
 
 /// The workspace's crates in the order docs/architecture.md draws them,
 /// lowest first: a crate's `[dependencies]` name only crates before it.
-const CRATES: [&str; 7] = [
+const CRATES: [&str; 8] = [
     "cachalot-core",
     "cachalot-cuda",
+    "cachalot-tools",
     "cachalot",
     "cachalot-testkit",
     "cachalot-tensor",
@@ -478,6 +485,7 @@ fn every_crate_depends_only_on_crates_below_it() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
     assert_eq!(dependencies("cachalot-cuda"), ["cachalot-core"]);
+    assert_eq!(dependencies("cachalot-tools"), ["cachalot-core"]);
 }
 
 #[test]

@@ -168,7 +168,7 @@ impl HashOrder {
 
 /// The hash PyTorch's tables give a CUDA stream of c10 id `id` on `device`:
 /// the stream packed with its device and device type (CUDA, 1).
-pub(crate) fn c10_stream_hash(device: u64, id: u64) -> u64 {
+pub fn c10_stream_hash(device: u64, id: u64) -> u64 {
     (1 << 56) | (device << 48) | (id & ((1 << 48) - 1))
 }
 

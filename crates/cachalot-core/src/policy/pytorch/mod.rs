@@ -34,7 +34,7 @@ mod expandable;
 mod grow;
 mod hash_order;
 
-pub(crate) use hash_order::c10_stream_hash;
+pub use hash_order::c10_stream_hash;
 mod ledger;
 mod malloc;
 mod order;

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::plan::RecordedDevice;
 use super::H100_CAPACITY;
-use crate::config::{AllocatorConfig, ConfigError};
 use crate::trace::stats::{read_stats_path, RunStats};
 use crate::trace::{read_recording_path_with, ReadLimits, Recording, TraceError};
+use cachalot_core::config::{AllocatorConfig, ConfigError};
 
 /// The file-name endings of recordings that may have a stats file beside them.
 const RECORDING_SUFFIXES: [&str; 4] = [

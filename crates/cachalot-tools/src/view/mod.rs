@@ -208,8 +208,8 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::StreamId;
-    use crate::event::{Action, TraceEvent};
+    use cachalot_core::backend::StreamId;
+    use cachalot_core::event::{Action, TraceEvent};
 
     #[test]
     fn page_is_self_contained_and_embeds_the_data() {

@@ -34,8 +34,8 @@ use std::rc::Rc;
 use flate2::bufread::MultiGzDecoder;
 use thiserror::Error;
 
-use crate::event::TraceEvent;
-use crate::snapshot::SegmentInfo;
+use cachalot_core::event::TraceEvent;
+use cachalot_core::snapshot::SegmentInfo;
 
 /// The first two bytes of every gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];

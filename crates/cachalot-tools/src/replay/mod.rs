@@ -34,15 +34,15 @@ use thiserror::Error;
 pub use plan::{plan, plan_routed, Inconsistency, Inferred, Op, Plan, PlanError, RecordedDevice};
 pub use workload::Workload;
 
-use crate::backend::counting::{CallCounts, Counting};
-use crate::backend::recorded::RecordedAddresses;
-use crate::backend::sim::SimBackend;
-use crate::backend::{Backend, DevicePtr};
-use crate::config::AllocatorConfig;
-use crate::device_allocator::DeviceAllocator;
-use crate::error::{Error, OomReport};
-use crate::event::{Action, Observer, TraceEvent};
-use crate::stats::{MemoryStats, Stat};
+use cachalot_core::allocator::DeviceAllocator;
+use cachalot_core::backend::counting::{CallCounts, Counting};
+use cachalot_core::backend::recorded::RecordedAddresses;
+use cachalot_core::backend::sim::SimBackend;
+use cachalot_core::backend::{Backend, DevicePtr};
+use cachalot_core::config::AllocatorConfig;
+use cachalot_core::error::{Error, OomReport};
+use cachalot_core::event::{Action, Observer, TraceEvent};
+use cachalot_core::stats::{MemoryStats, Stat};
 
 /// The capacity of an H100 80GB as PyTorch reports it: the default replay device.
 pub const H100_CAPACITY: u64 = 85_017_493_504;
@@ -112,7 +112,7 @@ pub struct ReplayReport {
     pub segment_allocs: u64,
     /// Their sizes, in the order they were obtained.
     pub segment_sizes: Vec<u64>,
-    /// Backend calls by kind ([`crate::backend::CallKind::name`]).
+    /// Backend calls by kind ([`cachalot_core::backend::CallKind::name`]).
     pub device_calls: BTreeMap<String, u64>,
     /// Costly driver memory calls (allocations, frees, maps, unmaps, ...).
     pub driver_calls: u64,
@@ -130,7 +130,7 @@ pub struct ReplayReport {
     /// all the same (a recording that starts mid-run).
     pub inferred: Inferred,
     /// The first out-of-memory error, with its breakdown (print it with
-    /// [`crate::report::oom::describe`]). Not part of the JSON output.
+    /// [`cachalot_core::report::oom::describe`]). Not part of the JSON output.
     #[serde(skip)]
     pub first_oom: Option<OomReport>,
 }
@@ -251,7 +251,7 @@ pub struct Replayed {
 
 /// The one way to replay a plan: a fresh allocator for `config` on `device`,
 /// drawing through [`RecordedAddresses`] (so blocks land where the recording
-/// put them: see [`recorded`](crate::backend::recorded)) and [`Counting`] (for
+/// put them: see [`recorded`](cachalot_core::backend::recorded)) and [`Counting`] (for
 /// the report's call counts), every event shown to `observer` stamped with its
 /// recorded time. `progress` is called with the number of ops done every
 /// [`PROGRESS_EVERY`] ops.
@@ -327,7 +327,8 @@ fn open(
         plan.recorded_segment_allocs.clone(),
     ));
     let counting = Arc::new(Counting::new(recorded));
-    let allocator = crate::policy::create(counting.clone(), config).map_err(ReplayError::Setup)?;
+    let allocator =
+        cachalot_core::policy::create(counting.clone(), config).map_err(ReplayError::Setup)?;
     Ok((counting, allocator))
 }
 
@@ -610,7 +611,7 @@ impl Driver<'_> {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::{Op, Plan};
-    use crate::backend::StreamId;
+    use cachalot_core::backend::StreamId;
 
     /// Allocates `size` bytes for `slot` on the default stream.
     pub(crate) fn alloc(slot: u32, size: u64) -> Op {
@@ -636,7 +637,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{alloc, plan_of};
     use super::*;
-    use crate::config::PolicyKind;
+    use cachalot_core::config::PolicyKind;
 
     const MIB: u64 = 1 << 20;
 
@@ -647,10 +648,8 @@ mod tests {
         let ops = vec![alloc(0, 64 * MIB), alloc(1, 8 * MIB), Op::Free { slot: 0 }];
         let plan = plan_of(ops, 2);
         for policy in [PolicyKind::Pytorch, PolicyKind::Cachalot] {
-            let config = AllocatorConfig {
-                policy,
-                ..AllocatorConfig::default()
-            };
+            let mut config = AllocatorConfig::default();
+            config.policy = policy;
             let device = Device::Simulated { capacity: 1 << 30 };
             let passes = NonZeroUsize::new(3).unwrap();
             let replayed = replay_passes_on(&plan, config, device, passes, None, &mut |_| {})
@@ -724,7 +723,7 @@ mod tests {
 
     #[test]
     fn a_routed_allocation_stays_in_its_pool_through_empty_cache() {
-        let pool = crate::private_pool::PoolId(0, 9);
+        let pool = cachalot_core::private_pool::PoolId(0, 9);
         let ops = |routed: bool| {
             let mut v = vec![alloc(0, 30 * MIB), Op::Free { slot: 0 }, Op::EmptyCache];
             if routed {
@@ -784,10 +783,8 @@ mod tests {
         // counter, not a walk of the live blocks (the benchmark times 100,000).
         for policy in [PolicyKind::Pytorch, PolicyKind::Cachalot] {
             let ops: Vec<Op> = (0..10_064).map(|slot| alloc(slot, MIB)).collect();
-            let config = AllocatorConfig {
-                policy,
-                ..AllocatorConfig::default()
-            };
+            let mut config = AllocatorConfig::default();
+            config.policy = policy;
             let r = replay(&plan_of(ops, 10_064), config, 64 * MIB, &mut |_| {}).unwrap();
             assert_eq!((r.allocs, r.ooms), (64, 10_000), "{policy}");
             assert_eq!(r.final_stats.num_ooms, 10_000, "{policy}");

@@ -14,8 +14,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::backend::StreamId;
-use crate::event::{Action, TraceEvent};
+use cachalot_core::backend::StreamId;
+use cachalot_core::event::{Action, TraceEvent};
 
 /// What to generate. Field names are the `cachalot synth` options'.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -215,7 +215,10 @@ mod tests {
         let spec = small(50_001, 3);
         let events: Vec<_> = synthesize(&spec).collect();
         assert!(events.len() as u64 + 2 >= spec.events);
-        let device = RecordedDevice::new(H100_CAPACITY, crate::config::AllocatorConfig::default());
+        let device = RecordedDevice::new(
+            H100_CAPACITY,
+            cachalot_core::config::AllocatorConfig::default(),
+        );
         let p = plan(&events, &device).expect("consistent");
         assert!(p.inferred.is_empty());
         let (mut live, mut peak) = (0i64, 0i64);

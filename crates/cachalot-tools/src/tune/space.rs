@@ -4,7 +4,7 @@
 //! product of a few keys' values, and each candidate is a configuration string
 //! in `PYTORCH_CUDA_ALLOC_CONF` syntax.
 
-use crate::config::{split_top_level, AllocatorConfig, ConfigError, PolicyKind};
+use cachalot_core::config::{split_top_level, AllocatorConfig, ConfigError, PolicyKind};
 
 use super::TuneError;
 
@@ -234,9 +234,10 @@ impl Family {
 
 /// Whether two configurations behave alike (their source strings aside).
 fn same_settings(a: &AllocatorConfig, b: &AllocatorConfig) -> bool {
-    let strip = |c: &AllocatorConfig| AllocatorConfig {
-        source: String::new(),
-        ..c.clone()
+    let strip = |c: &AllocatorConfig| {
+        let mut c = c.clone();
+        c.source.clear();
+        c
     };
     strip(a) == strip(b)
 }

@@ -28,14 +28,14 @@ use flate2::read::GzDecoder;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::backend::sim::{AddressOrder, SimBackend};
-use crate::backend::{Backend, DevicePtr, StreamId};
-use crate::config::{AllocatorConfig, MIB};
-use crate::device_allocator::{DeviceAllocator, PrivatePools};
-use crate::error::{format_size, Error, OomReport};
-use crate::policy::pytorch::c10_stream_hash;
-use crate::policy::PytorchAllocator;
-use crate::private_pool::{PoolId, PoolOptions};
+use cachalot_core::allocator::{DeviceAllocator, PrivatePools};
+use cachalot_core::backend::sim::{AddressOrder, SimBackend};
+use cachalot_core::backend::{Backend, DevicePtr, StreamId};
+use cachalot_core::config::{AllocatorConfig, MIB};
+use cachalot_core::error::{format_size, Error, OomReport};
+use cachalot_core::policy::pytorch::c10_stream_hash;
+use cachalot_core::policy::PytorchAllocator;
+use cachalot_core::private_pool::{PoolId, PoolOptions};
 
 /// The device size the goldens were recorded on (an H100 80GB, as PyTorch saw it).
 pub const H100_BYTES: u64 = 85_017_493_504;

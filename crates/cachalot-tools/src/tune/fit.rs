@@ -9,9 +9,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::{Candidate, Ranking};
-use crate::backend::sim::{SIM_GRANULARITY, SIM_MAX_CAPACITY};
-use crate::config::{AllocatorConfig, PolicyKind};
 use crate::replay::{self, Plan, ReplayError};
+use cachalot_core::backend::sim::{SIM_GRANULARITY, SIM_MAX_CAPACITY};
+use cachalot_core::config::{AllocatorConfig, PolicyKind};
 
 /// A candidate's smallest device. Field names are a stable interface
 /// (`cachalot tune --json`).

@@ -12,11 +12,11 @@ use std::rc::Rc;
 
 use super::unpickle::{self, Container, Source, Value};
 use super::{Origin, ReadLimits, Recording, TraceError};
-use crate::backend::StreamId;
-use crate::error::{is_too_large, MAX_REQUEST};
-use crate::event::TraceEvent;
-use crate::private_pool::PoolId;
-use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+use cachalot_core::backend::StreamId;
+use cachalot_core::error::{is_too_large, MAX_REQUEST};
+use cachalot_core::event::TraceEvent;
+use cachalot_core::private_pool::PoolId;
+use cachalot_core::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 /// A decoded memory snapshot.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -29,9 +29,9 @@ use std::io::BufRead;
 use std::rc::Rc;
 
 use super::{io_error, ReadLimits, TraceError};
-use crate::backend::StreamId;
-use crate::error::{is_too_large, MAX_REQUEST};
-use crate::event::{Action, TraceEvent};
+use cachalot_core::backend::StreamId;
+use cachalot_core::error::{is_too_large, MAX_REQUEST};
+use cachalot_core::event::{Action, TraceEvent};
 
 mod op {
     pub(super) const PROTO: u8 = 0x80;

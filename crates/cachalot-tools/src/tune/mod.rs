@@ -23,8 +23,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::config::{AllocatorConfig, ConfigError, PolicyKind};
 use crate::replay::{self, Op, Plan, ReplayError};
+use cachalot_core::config::{AllocatorConfig, ConfigError, PolicyKind};
 
 pub use fit::{fit_leaders, recommend, smallest_capacity, Fit};
 pub use space::{Space, Workload, DEFAULT_VALUE, SEARCH_KEYS};
@@ -40,8 +40,8 @@ pub enum TuneError {
     #[error(
         "nothing fits: the recording keeps {} live at its peak, more than the whole {}-byte \
          device ({}); no allocator setting can run it there; give a --capacity of at least {}",
-        crate::error::format_size(*live), capacity, crate::error::format_size(*capacity),
-        crate::error::format_size(*live)
+        cachalot_core::error::format_size(*live), capacity, cachalot_core::error::format_size(*capacity),
+        cachalot_core::error::format_size(*live)
     )]
     LiveAboveCapacity {
         /// The recording's live peak in bytes.

@@ -53,11 +53,11 @@ use serde::Serialize;
 
 use thiserror::Error;
 
-use crate::backend::StreamId;
-use crate::config::AllocatorConfig;
-use crate::event::{Action, TraceEvent};
-use crate::private_pool::PoolId;
-use crate::snapshot::{BlockState, SegmentInfo};
+use cachalot_core::backend::StreamId;
+use cachalot_core::config::AllocatorConfig;
+use cachalot_core::event::{Action, TraceEvent};
+use cachalot_core::private_pool::PoolId;
+use cachalot_core::snapshot::{BlockState, SegmentInfo};
 
 /// One allocator call of a plan.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -240,7 +240,7 @@ impl Inferred {
 
     /// One sentence on what was inferred, or `None` when nothing was.
     pub fn describe(&self) -> Option<String> {
-        use crate::error::format_size;
+        use cachalot_core::error::format_size;
         let mut before = Vec::new();
         if self.segments > 0 {
             before.push(format!(
@@ -857,8 +857,12 @@ mod tests {
         );
     }
 
-    fn block(address: u64, requested_size: u64, state: BlockState) -> crate::snapshot::BlockInfo {
-        crate::snapshot::BlockInfo {
+    fn block(
+        address: u64,
+        requested_size: u64,
+        state: BlockState,
+    ) -> cachalot_core::snapshot::BlockInfo {
+        cachalot_core::snapshot::BlockInfo {
             address,
             size: 512,
             requested_size,

@@ -22,12 +22,12 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use thiserror::Error;
 
-use crate::backend::DevicePtr;
-use crate::config::{AllocatorConfig, ConfigError};
-use crate::device_allocator::DeviceAllocator;
-use crate::event::TraceEvent;
-use crate::history::{Frame, History};
-use crate::snapshot::{BlockState, MemorySnapshot};
+use cachalot_core::allocator::DeviceAllocator;
+use cachalot_core::backend::DevicePtr;
+use cachalot_core::config::{AllocatorConfig, ConfigError};
+use cachalot_core::event::TraceEvent;
+use cachalot_core::history::{Frame, History};
+use cachalot_core::snapshot::{BlockState, MemorySnapshot};
 
 /// A snapshot file could not be written or read.
 #[derive(Debug, Error)]
@@ -182,9 +182,9 @@ fn read_all(path: &Path) -> Result<Vec<u8>, SnapshotIoError> {
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
-    use crate::backend::StreamId;
-    use crate::event::Action;
-    use crate::snapshot::{BlockInfo, SegmentInfo};
+    use cachalot_core::backend::StreamId;
+    use cachalot_core::event::Action;
+    use cachalot_core::snapshot::{BlockInfo, SegmentInfo};
 
     /// A dump with one small and one expandable large segment, three events
     /// and one stack.
@@ -196,7 +196,7 @@ pub(crate) mod fixtures {
             stream: StreamId(0),
             is_small: true,
             is_expandable: false,
-            pool_id: crate::private_pool::PoolId::DEFAULT,
+            pool_id: cachalot_core::private_pool::PoolId::DEFAULT,
             blocks: vec![
                 BlockInfo {
                     address: 0x7f00_0000_0000,
@@ -225,7 +225,7 @@ pub(crate) mod fixtures {
             stream: StreamId(0x55),
             is_small: false,
             is_expandable: true,
-            pool_id: crate::private_pool::PoolId::DEFAULT,
+            pool_id: cachalot_core::private_pool::PoolId::DEFAULT,
             blocks: vec![BlockInfo {
                 address: 0x7f00_1000_0000,
                 size: 4 << 20,

@@ -16,9 +16,9 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::backend::DevicePtr;
-use crate::event::{Action, Observer, TraceEvent};
-use crate::history::Frame;
+use cachalot_core::backend::DevicePtr;
+use cachalot_core::event::{Action, Observer, TraceEvent};
+use cachalot_core::history::Frame;
 
 /// Sentinel end of something still live after the last event.
 pub const STILL_LIVE: u32 = u32::MAX;
@@ -408,7 +408,7 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::StreamId;
+    use cachalot_core::backend::StreamId;
 
     fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
         TraceEvent {

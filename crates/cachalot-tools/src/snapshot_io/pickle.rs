@@ -16,10 +16,10 @@ use serde::Serialize;
 use serde_pickle::SerOptions;
 
 use super::{write_path, SnapshotDump, SnapshotIoError};
-use crate::config::{AllocatorConfig, ROUNDUP_BUCKETS};
-use crate::event::{Action, TraceEvent};
-use crate::history::Frame;
-use crate::snapshot::{BlockInfo, SegmentInfo};
+use cachalot_core::config::{AllocatorConfig, ROUNDUP_BUCKETS};
+use cachalot_core::event::{Action, TraceEvent};
+use cachalot_core::history::Frame;
+use cachalot_core::snapshot::{BlockInfo, SegmentInfo};
 
 /// Writes `dump` to `path` (gzip-compressed when the name ends in `.gz`;
 /// `_memory_viz` itself wants the plain file).

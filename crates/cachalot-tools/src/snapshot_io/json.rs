@@ -11,12 +11,12 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::{read_all, write_path, SnapshotDump, SnapshotIoError, TraceRecord};
-use crate::backend::{DevicePtr, StreamId};
-use crate::config::AllocatorConfig;
-use crate::event::{Action, TraceEvent};
-use crate::history::Frame;
-use crate::private_pool::PoolId;
-use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+use cachalot_core::backend::{DevicePtr, StreamId};
+use cachalot_core::config::AllocatorConfig;
+use cachalot_core::event::{Action, TraceEvent};
+use cachalot_core::history::Frame;
+use cachalot_core::private_pool::PoolId;
+use cachalot_core::snapshot::{BlockInfo, BlockState, SegmentInfo};
 
 /// The schema version written.
 pub const VERSION: u64 = 1;

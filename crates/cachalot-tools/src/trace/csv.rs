@@ -5,9 +5,9 @@ use std::io::{BufRead, Read};
 use std::num::{IntErrorKind, ParseIntError};
 
 use super::{io_error, ReadLimits, TraceError};
-use crate::backend::StreamId;
-use crate::error::{is_too_large, MAX_REQUEST};
-use crate::event::{Action, TraceEvent};
+use cachalot_core::backend::StreamId;
+use cachalot_core::error::{is_too_large, MAX_REQUEST};
+use cachalot_core::event::{Action, TraceEvent};
 
 /// The header every trace CSV starts with.
 pub const HEADER: &str = "time_us,action,addr,size,stream";
