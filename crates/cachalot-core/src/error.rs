@@ -16,9 +16,10 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::backend::{BackendError, DevicePtr, StreamId};
+use crate::backend::{Backend, BackendError, DevicePtr, StreamId};
 use crate::config::{ConfigError, PolicyKind};
 use crate::sleep::SleepError;
+use crate::stats::MemoryStats;
 pub use crate::units::format_size;
 
 /// The crate's result type.
@@ -168,7 +169,45 @@ pub struct SizeBucket {
     pub bytes: u64,
 }
 
+/// A request that could not be met: what the caller asked for, the device
+/// allocation it needed, and its stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FailedRequest {
+    pub(crate) requested: u64,
+    pub(crate) alloc_size: u64,
+    pub(crate) stream: StreamId,
+}
+
 impl OomReport {
+    /// The report every policy gives of `failed`: the device's ordinal and
+    /// capacity from `backend` and its free memory asked of it now (0 when it
+    /// cannot say), the allocator's allocated and reserved bytes from `stats`,
+    /// its memory fraction limit, configuration string and policy.
+    pub(crate) fn of(
+        failed: FailedRequest,
+        backend: &dyn Backend,
+        stats: &MemoryStats,
+        allowed: Option<u64>,
+        config: &str,
+        policy: PolicyKind,
+    ) -> OomReport {
+        let caps = backend.capabilities();
+        OomReport {
+            device: caps.device,
+            requested: failed.requested,
+            alloc_size: failed.alloc_size,
+            capacity: caps.total_memory,
+            device_free: backend.mem_info().map_or(0, |m| m.free),
+            allocated: stats.memory_allocated(),
+            reserved: stats.memory_reserved(),
+            allowed,
+            stream: failed.stream,
+            config: config.to_string(),
+            policy,
+            breakdown: None,
+        }
+    }
+
     /// The report with `breakdown` attached.
     pub fn with_breakdown(mut self, breakdown: OomBreakdown) -> OomReport {
         self.breakdown = Some(breakdown);

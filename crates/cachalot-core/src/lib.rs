@@ -108,7 +108,7 @@
 //!   device_allocator                   DeviceAllocator (malloc, free, stats, ...);
 //!                                      PrivatePools, Tags: its extension traits
 //!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
-//!   segment_source  backing  stats  config  units   the allocator's parts
+//!   segment_source  backing  recount  stats  config  units   the allocator's parts
 //!   backend (Backend trait: segments, pages, streams, events; sim, adaptors)
 //! ```
 //!
@@ -142,6 +142,7 @@ pub mod ipc;
 pub mod policy;
 pub mod pool_id;
 pub mod private_pool;
+mod recount;
 pub mod report;
 mod segment_source;
 pub mod sleep;

@@ -205,6 +205,17 @@ impl StatArray {
     }
 }
 
+/// Checks that `stat`'s current value lies in `[0, peak]`.
+fn within_peak(name: &str, stat: &Stat) -> Result<(), String> {
+    if stat.current < 0 || stat.current > stat.peak {
+        return Err(format!(
+            "{name}: current {} outside [0, peak {}]",
+            stat.current, stat.peak
+        ));
+    }
+    Ok(())
+}
+
 macro_rules! memory_stats {
     (
         arrays { $($(#[$adoc:meta])* $array:ident,)* }
@@ -259,6 +270,27 @@ macro_rules! memory_stats {
             /// declaration order.
             pub(crate) fn arrays(&self) -> [(&'static str, &StatArray); Self::FAMILIES] {
                 [$((stringify!($array), &self.$array)),*]
+            }
+
+            /// Checks that every per-pool family's `all` figure is the sum of
+            /// its pools and that no statistic's current value lies below zero
+            /// or above its peak (the half of `validate()`'s recount that needs
+            /// no blocks: [`crate::recount`]).
+            ///
+            /// # Errors
+            /// The first statistic that does not hold, named.
+            pub(crate) fn check_levels(&self) -> Result<(), String> {
+                for (name, a) in self.arrays() {
+                    if a.all.current != a.small_pool.current + a.large_pool.current {
+                        return Err(format!("{name}.all is not the sum of its pools"));
+                    }
+                    for pool in [StatPool::All, StatPool::Small, StatPool::Large] {
+                        within_peak(&format!("{name}.{}", pool.key()), a.get(pool))?;
+                    }
+                }
+                $(within_peak(stringify!($single), &self.$single)?;)*
+                $(within_peak(stringify!($own), &self.$own)?;)*
+                Ok(())
             }
 
             /// Every family of per-pool statistics, in declaration order, to

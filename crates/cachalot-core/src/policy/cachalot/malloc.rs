@@ -4,7 +4,7 @@
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
-use crate::error::{check_request, Error, OomReport, Result};
+use crate::error::{check_request, Error, FailedRequest, OomReport, Result};
 
 use super::pool::ROUNDING;
 use super::CachalotAllocator;
@@ -95,24 +95,22 @@ impl CachalotAllocator {
     /// Counts an out-of-memory failure of `stream` in pool slot `pool` and
     /// reports it.
     fn out_of_memory(&self, stream: StreamId, pool: u32, requested: u64, alloc_size: u64) -> Error {
-        let stats = self.stats();
-        let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        self.on_stream(stream, pool, |st| {
-            st.ledger.out_of_memory(requested, device_free);
-        });
-        Error::OutOfMemory(Box::new(OomReport {
-            device: self.backend.capabilities().device,
+        let failed = FailedRequest {
             requested,
             alloc_size,
-            capacity: self.backend.capabilities().total_memory,
-            device_free,
-            allocated: stats.memory_allocated(),
-            reserved: stats.memory_reserved(),
-            allowed: self.pages.limit(),
             stream,
-            config: self.config.source.clone(),
-            policy: PolicyKind::Cachalot,
-            breakdown: None,
-        }))
+        };
+        let report = OomReport::of(
+            failed,
+            self.backend.as_ref(),
+            &self.stats(),
+            self.pages.limit(),
+            &self.config.source,
+            PolicyKind::Cachalot,
+        );
+        self.on_stream(stream, pool, |st| {
+            st.ledger.out_of_memory(requested, report.device_free);
+        });
+        Error::OutOfMemory(Box::new(report))
     }
 }

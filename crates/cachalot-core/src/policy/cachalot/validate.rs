@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use crate::stats::{MemoryStats, StatArray};
+use crate::recount::Recount;
+use crate::stats::{MemoryStats, StatPool};
 
 use super::heap::State;
 use super::pool::Pool;
@@ -26,58 +27,25 @@ pub(crate) fn validate_pool(
     small: bool,
 ) -> Result<usize, String> {
     let sums = validate_blocks(pool)?;
-    let pick = |a: &StatArray| {
-        if small {
-            a.small_pool.current
-        } else {
-            a.large_pool.current
-        }
-    };
     let (reserved, segments) = pool.recount_reserved();
     let split = if pool.cells.is_some() {
         (0, 0)
     } else {
         pool.heap.split_free()
     };
-    let checks = [
-        ("allocation", pick(&stats.allocation), sums.allocated.0),
-        (
-            "allocated_bytes",
-            pick(&stats.allocated_bytes),
-            sums.allocated.1,
-        ),
-        ("active", pick(&stats.active), sums.active.0),
-        ("active_bytes", pick(&stats.active_bytes), sums.active.1),
-        (
-            "requested_bytes",
-            pick(&stats.requested_bytes),
-            sums.requested,
-        ),
-        (
-            "reserved_bytes",
-            pick(&stats.reserved_bytes),
-            reserved as i64,
-        ),
-        ("segment", pick(&stats.segment), segments as i64),
-        (
-            "inactive_split",
-            pick(&stats.inactive_split),
-            split.0 as i64,
-        ),
-        (
-            "inactive_split_bytes",
-            pick(&stats.inactive_split_bytes),
-            split.1 as i64,
-        ),
-    ];
-    for (name, stat, actual) in checks {
-        if stat != actual {
-            return Err(format!(
-                "{name} of the {} pool is {stat}, blocks say {actual}",
-                pool_name(small)
-            ));
-        }
-    }
+    let mut recount = Recount::default();
+    recount.allocated(small, sums.allocated.0 as u64, sums.allocated.1 as u64);
+    recount.active(
+        small,
+        sums.active.0 as u64,
+        sums.active.1 as u64,
+        sums.requested as u64,
+    );
+    recount.inactive_split(small, split.0, split.1);
+    recount.reserved(small, segments, reserved);
+    recount
+        .check(stats, StatPool::of(small))
+        .map_err(|e| format!("the {} pool: {e}", pool_name(small)))?;
     if sums.kept != pool.kept_count() {
         return Err(format!(
             "{} kept blocks but {} in the reuse lists",
@@ -193,23 +161,4 @@ fn validate_blocks(pool: &Pool) -> Result<Sums, String> {
         pool.aliases.check(cells)?;
     }
     Ok(sums)
-}
-
-/// Checks that every `all` statistic is the sum of its pools and no peak is
-/// below its current value.
-pub(crate) fn validate_totals(stats: &MemoryStats) -> Result<(), String> {
-    for (name, a) in stats.arrays() {
-        if a.all.current != a.small_pool.current + a.large_pool.current {
-            return Err(format!("{name}.all is not the sum of its pools"));
-        }
-        for s in [&a.all, &a.small_pool, &a.large_pool] {
-            if s.peak < s.current || s.current < 0 {
-                return Err(format!(
-                    "{name}: current {} outside [0, peak {}]",
-                    s.current, s.peak
-                ));
-            }
-        }
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 
 use crate::backend::{DevicePtr, StreamId};
 use crate::config::PolicyKind;
-use crate::error::{check_request, Error, OomReport, Result};
+use crate::error::{check_request, Error, FailedRequest, OomReport, Result};
 use crate::private_pool::PoolOptions;
 
 use super::block::BlockId;
@@ -89,23 +89,21 @@ impl State {
 
     /// Counts and reports an out-of-memory failure.
     fn out_of_memory(&mut self, req: &Request) -> Error {
-        let device_free = self.backend.mem_info().map_or(0, |m| m.free);
-        self.ledger
-            .out_of_memory(req.requested, device_free, req.stream);
-        let stats = &self.ledger.stats;
-        Error::OutOfMemory(Box::new(OomReport {
-            device: self.device,
+        let failed = FailedRequest {
             requested: req.requested,
             alloc_size: req.alloc_size,
-            capacity: self.total_memory,
-            device_free,
-            allocated: stats.allocated_bytes.all.current as u64,
-            reserved: stats.reserved_bytes.all.current as u64,
-            allowed: self.allowed,
             stream: req.stream,
-            config: self.config_source.clone(),
-            policy: PolicyKind::Pytorch,
-            breakdown: None,
-        }))
+        };
+        let report = OomReport::of(
+            failed,
+            self.backend.as_ref(),
+            &self.ledger.stats,
+            self.allowed,
+            &self.config_source,
+            PolicyKind::Pytorch,
+        );
+        self.ledger
+            .out_of_memory(req.requested, report.device_free, req.stream);
+        Error::OutOfMemory(Box::new(report))
     }
 }

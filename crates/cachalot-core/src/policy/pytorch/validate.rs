@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::error::ensure_invariant;
 use crate::error::InvariantViolation;
+use crate::recount::Recount;
 use crate::stats::StatPool;
 
 use super::block::{Block, Segment, SegmentId};
@@ -280,64 +281,53 @@ impl State {
         Ok(())
     }
 
-    /// Recomputes every statistic's current value from blocks and segments.
+    /// Recomputes every statistic's current value from blocks and segments
+    /// ([`Recount`], the contract both policies check), then the figures
+    /// only this policy keeps: paused bytes and oversize counts.
     fn validate_stats(&self) -> Check {
-        let mut want: BTreeMap<String, i64> = BTreeMap::new();
-        let mut add = |family: &str, small: bool, amount: i64| {
-            for pool in [StatPool::All, StatPool::of(small)] {
-                *want
-                    .entry(format!("{family}.{}.current", pool.key()))
-                    .or_default() += amount;
-            }
-        };
+        let mut recount = Recount::default();
         for (_, b) in self.blocks.iter() {
             if b.allocated {
-                add("allocation", b.small, 1);
-                add("allocated_bytes", b.small, b.size as i64);
+                recount.allocated(b.small, 1, b.size);
             }
             if b.is_active() {
-                add("active", b.small, 1);
-                add("active_bytes", b.small, b.size as i64);
-                add("requested_bytes", b.small, b.requested as i64);
+                recount.active(b.small, 1, b.size, b.requested);
             }
             if b.is_reusable() && b.mapped && b.is_split() && !b.expandable {
-                add("inactive_split", b.small, 1);
-                add("inactive_split_bytes", b.small, b.size as i64);
+                recount.inactive_split(b.small, 1, b.size);
             }
         }
         let mut paused = 0;
         for (_, seg) in self.segments.iter() {
             match &seg.expandable {
-                Some(es) => add("reserved_bytes", seg.small, es.mapped_bytes() as i64),
+                Some(es) => recount.reserved(seg.small, 0, es.mapped_bytes()),
                 None if seg.paused => {
-                    add("segment", seg.small, 1);
+                    recount.reserved(seg.small, 1, 0);
                     paused += seg.size as i64;
                 }
-                None => {
-                    add("segment", seg.small, 1);
-                    add("reserved_bytes", seg.small, seg.size as i64);
-                }
+                None => recount.reserved(seg.small, 1, seg.size),
             }
         }
-        want.insert("paused_bytes.current".into(), paused);
+        let stats = &self.ledger.stats;
+        for pool in [StatPool::All, StatPool::Small, StatPool::Large] {
+            recount.check(stats, pool).map_err(InvariantViolation)?;
+        }
         let (over_alloc, over_seg) = self.oversize_counts();
-        want.insert("oversize_allocations.current".into(), over_alloc);
-        want.insert("oversize_segments.current".into(), over_seg);
-        let have = self.ledger.stats.to_map();
-        for (key, value) in &have {
-            if let Some(base) = key.strip_suffix(".current") {
-                let expected = want.get(key).copied().unwrap_or(0);
-                ensure_invariant!(
-                    *value == expected,
-                    "{key} is {value}, blocks say {expected}"
-                );
-                let peak = have.get(&format!("{base}.peak")).copied().unwrap_or(0);
-                ensure_invariant!(
-                    peak >= *value,
-                    "{base}.peak {peak} is below current {value}"
-                );
-            }
+        for (name, have, counted) in [
+            ("paused_bytes", stats.paused_bytes.current, paused),
+            (
+                "oversize_allocations",
+                stats.oversize_allocations.current,
+                over_alloc,
+            ),
+            (
+                "oversize_segments",
+                stats.oversize_segments.current,
+                over_seg,
+            ),
+        ] {
+            ensure_invariant!(have == counted, "{name} is {have}, blocks say {counted}");
         }
-        Ok(())
+        stats.check_levels().map_err(InvariantViolation)
     }
 }

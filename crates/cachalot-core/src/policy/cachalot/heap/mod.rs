@@ -56,9 +56,10 @@ impl Heap {
     /// Stops counting free split blocks (a range's heap: its statistics count
     /// mapped pages, not split blocks), which spares the hot path a branch and
     /// two writes per free-index change; [`Heap::split_free`] is then (0, 0).
-    /// Before any block.
+    /// While the heap has no region (before any block, or once a stream's
+    /// entry is reused after its regions went back).
     pub(crate) fn skip_split_counts(&mut self) {
-        debug_assert!(self.blocks.is_empty());
+        debug_assert!(self.regions.is_empty() && self.split_free == (0, 0));
         self.skips_splits = true;
     }
 

@@ -266,6 +266,6 @@ impl StreamState {
             self.find(*ptr)
                 .map_err(|e| format!("record_stream entry {ptr:#x}: {e}"))?;
         }
-        super::validate::validate_totals(&stats)
+        stats.check_levels()
     }
 }
