@@ -108,7 +108,8 @@
 //!   device_allocator                   DeviceAllocator (malloc, free, stats, ...);
 //!                                      PrivatePools, Tags: its extension traits
 //!   history  private_pool  sleep  pool_id  snapshot  summary  event  error
-//!   segment_source  backing  recount  stats  config  units   the allocator's parts
+//!   segment_source  backing  recount  transition  stats  config  units
+//!                                      the allocator's parts
 //!   backend (Backend trait: segments, pages, streams, events; sim, adaptors)
 //! ```
 //!
@@ -151,6 +152,7 @@ pub mod stats;
 pub mod summary;
 #[cfg(test)]
 mod test_rng;
+mod transition;
 pub mod units;
 
 /// The per-device allocator: the interface every policy implements

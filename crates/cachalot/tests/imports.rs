@@ -293,6 +293,8 @@ const LAYERS: [(&str, &[&[&str]]); 4] = [
                 "error",
                 "backing",
                 "addr_map",
+                "recount",
+                "transition",
                 "stats",
                 "config",
                 "test_rng",

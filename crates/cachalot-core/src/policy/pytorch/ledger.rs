@@ -1,7 +1,9 @@
 //! The one place where statistics change and events are emitted: each method is a
 //! block or segment state transition, named for it in the past tense
 //! (`allocated`, `segment_freed`, `out_of_memory`, ...) with the same names as
-//! the cachalot policy's ledger.
+//! the cachalot policy's ledger; the per-pool statistics move as the shared
+//! [`Transition`]s say ([`MemoryStats::apply`]), and this ledger adds what only
+//! this policy counts (oversize blocks, paused bytes, driver calls).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +11,20 @@ use std::time::Instant;
 use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
+use crate::transition::Transition;
 
 use super::block::Block;
+
+/// Pages of an expandable segment mapped (`bytes` > 0) or unmapped, or a
+/// paused segment's pages given back or taken again: reserved bytes move,
+/// the segment count does not.
+fn reserved(small: bool, bytes: i64) -> Transition {
+    Transition::Reserved {
+        small,
+        bytes,
+        segments: 0,
+    }
+}
 
 /// Statistics plus the observer that hears about every transition.
 pub(crate) struct Ledger {
@@ -72,9 +86,12 @@ impl Ledger {
         small: bool,
         stream: StreamId,
     ) {
+        self.stats.apply(Transition::Reserved {
+            small,
+            bytes: size as i64,
+            segments: 1,
+        });
         let s = &mut self.stats;
-        s.segment.update(small, 1);
-        s.reserved_bytes.update(small, size as i64);
         if size >= self.max_split_size {
             s.oversize_segments.increase(1);
         }
@@ -90,9 +107,12 @@ impl Ledger {
         small: bool,
         stream: StreamId,
     ) {
+        self.stats.apply(Transition::Reserved {
+            small,
+            bytes: -(size as i64),
+            segments: -1,
+        });
         let s = &mut self.stats;
-        s.segment.update(small, -1);
-        s.reserved_bytes.update(small, -(size as i64));
         if size >= self.max_split_size {
             s.oversize_segments.decrease(1);
         }
@@ -102,21 +122,21 @@ impl Ledger {
 
     /// Pages were mapped into an expandable segment (no new `segment`).
     pub(crate) fn mapped(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
-        self.stats.reserved_bytes.update(small, size as i64);
+        self.stats.apply(reserved(small, size as i64));
         self.stats.num_device_alloc += 1;
         self.emit(Action::SegmentMap, addr, size, stream);
     }
 
     /// Pages were unmapped from an expandable segment.
     pub(crate) fn unmapped(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
-        self.stats.reserved_bytes.update(small, -(size as i64));
+        self.stats.apply(reserved(small, -(size as i64)));
         self.stats.num_device_free += 1;
         self.emit(Action::SegmentUnmap, addr, size, stream);
     }
 
     /// A tag's segment gave its pages back to the device (it stays a segment).
     pub(crate) fn paused(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
-        self.stats.reserved_bytes.update(small, -(size as i64));
+        self.stats.apply(reserved(small, -(size as i64)));
         self.stats.paused_bytes.increase(size);
         self.stats.num_device_free += 1;
         self.emit(Action::SegmentPause, addr, size, stream);
@@ -125,19 +145,18 @@ impl Ledger {
     /// A paused segment's pages came back.
     pub(crate) fn resumed(&mut self, addr: DevicePtr, size: u64, small: bool, stream: StreamId) {
         self.stats.paused_bytes.decrease(size);
-        self.stats.reserved_bytes.update(small, size as i64);
+        self.stats.apply(reserved(small, size as i64));
         self.stats.num_device_alloc += 1;
         self.emit(Action::SegmentResume, addr, size, stream);
     }
 
     /// A block was handed to a caller.
     pub(crate) fn allocated(&mut self, b: &Block) {
-        let s = &mut self.stats;
-        s.allocation.update(b.small, 1);
-        s.allocated_bytes.update(b.small, b.size as i64);
-        s.active.update(b.small, 1);
-        s.active_bytes.update(b.small, b.size as i64);
-        s.requested_bytes.update(b.small, b.requested as i64);
+        self.stats.apply(Transition::Allocated {
+            small: b.small,
+            size: b.size,
+            requested: b.requested,
+        });
         if self.oversize(b.size) {
             self.stats.oversize_allocations.increase(1);
         }
@@ -146,9 +165,10 @@ impl Ledger {
 
     /// The caller freed a block (it may still be active on other streams).
     pub(crate) fn free_requested(&mut self, b: &Block) {
-        let s = &mut self.stats;
-        s.allocation.update(b.small, -1);
-        s.allocated_bytes.update(b.small, -(b.size as i64));
+        self.stats.apply(Transition::FreeRequested {
+            small: b.small,
+            size: b.size,
+        });
         if self.oversize(b.size) {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -164,21 +184,21 @@ impl Ledger {
         small: bool,
         stream: StreamId,
     ) {
-        let s = &mut self.stats;
-        s.active.update(small, -1);
-        s.active_bytes.update(small, -(size as i64));
-        s.requested_bytes.update(small, -(requested as i64));
+        self.stats.apply(Transition::FreeCompleted {
+            small,
+            size,
+            requested,
+        });
         self.emit(Action::FreeCompleted, addr, requested, stream);
     }
 
     /// Inactive split blocks changed by `blocks` and `bytes`.
     pub(crate) fn splits_changed(&mut self, small: bool, blocks: i64, bytes: i64) {
-        if blocks != 0 {
-            self.stats.inactive_split.update(small, blocks);
-        }
-        if bytes != 0 {
-            self.stats.inactive_split_bytes.update(small, bytes);
-        }
+        self.stats.apply(Transition::Splits {
+            small,
+            count: blocks,
+            bytes,
+        });
     }
 
     /// The last-resort retry ran.

@@ -41,10 +41,10 @@ use crate::stats::MemoryStats;
 
 use std::sync::Arc;
 
-use super::change::Change;
 use super::levels::Levels;
 use super::stamp::{self, Stamper};
 use super::tally::{Family, Tally};
+use crate::transition::Transition;
 
 /// Changes a journal holds before its stream asks for a merge.
 pub(crate) const JOURNAL_LIMIT: usize = 4096;
@@ -66,7 +66,7 @@ pub(crate) enum Fill {
     Overfull,
 }
 
-/// A stream's statistics, which [`Change`]s are applied to.
+/// A stream's statistics, which [`Transition`]s are applied to.
 #[derive(Clone, Debug)]
 pub(crate) struct Figures {
     /// Every family but the tally's (whose stay zero here), and the counters.
@@ -90,25 +90,25 @@ impl Figures {
 
     /// Applies one change.
     #[inline(always)]
-    pub(crate) fn apply(&mut self, change: Change) {
+    pub(crate) fn apply(&mut self, change: Transition) {
         match change {
-            Change::Allocated {
+            Transition::Allocated {
                 small,
                 size,
                 requested,
             } => self.tally.allocated(small, size, requested),
-            Change::FreeRequested { small, size } => self.tally.free_requested(small, size),
-            Change::FreeCompleted {
+            Transition::FreeRequested { small, size } => self.tally.free_requested(small, size),
+            Transition::FreeCompleted {
                 small,
                 size,
                 requested,
             } => self.tally.free_completed(small, size, requested),
-            Change::Freed {
+            Transition::Freed {
                 small,
                 size,
                 requested,
             } => self.tally.freed(small, size, requested),
-            Change::Reserved {
+            Transition::Reserved {
                 small,
                 bytes,
                 segments,
@@ -116,7 +116,7 @@ impl Figures {
                 self.rest.reserved_bytes.update(small, bytes);
                 self.rest.segment.update(small, segments);
             }
-            Change::Splits {
+            Transition::Splits {
                 small,
                 count,
                 bytes,
@@ -197,7 +197,7 @@ pub(crate) struct Run {
     /// The values before the first change.
     pub(crate) start: Levels,
     /// The changes, stamped, in the order made.
-    pub(crate) entries: Vec<(u64, Change)>,
+    pub(crate) entries: Vec<(u64, Transition)>,
     /// Every change is in exactly one chunk, in order.
     pub(crate) chunks: Vec<Chunk>,
 }
@@ -293,7 +293,7 @@ impl Journal {
 
     /// Stamps `change` (already applied to `figures`) and keeps it.
     #[inline(always)]
-    pub(crate) fn note(&mut self, change: Change, figures: &mut Figures) {
+    pub(crate) fn note(&mut self, change: Transition, figures: &mut Figures) {
         let stamp = match self.op {
             Some(Some(t)) => t,
             Some(None) => {

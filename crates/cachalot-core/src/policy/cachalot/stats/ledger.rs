@@ -1,6 +1,6 @@
 //! A stream's statistics and events, changed in one place: every block and
 //! page transition of the policy goes through one method here, which applies
-//! a [`Change`] to the stream's [`Figures`] (and, with several streams, writes
+//! a [`Transition`] to the stream's [`Figures`] (and, with several streams, writes
 //! it to the stream's [`Journal`] for the device's figures) and tells the
 //! observer. Methods are named for their
 //! transition in the past tense (`allocated`, `segment_freed`,
@@ -14,9 +14,9 @@ use crate::backend::{DevicePtr, StreamId};
 use crate::event::{Action, EventSink, Observer};
 use crate::stats::MemoryStats;
 
-use super::change::Change;
 use super::journal::{Figures, Journal, Run};
 use super::merge::{DeviceJournal, Merged};
+use crate::transition::Transition;
 
 /// Pages mapped or unmapped one after another at contiguous addresses, reported
 /// as one range (one event and one device call count), as PyTorch reports a map
@@ -134,7 +134,7 @@ impl Ledger {
 
     /// Applies `change` to the stream's figures and journals it.
     #[inline(always)]
-    fn change(&mut self, change: Change) {
+    fn change(&mut self, change: Transition) {
         self.figures.apply(change);
         if let Some(journal) = &mut self.journal {
             journal.note(change, &mut self.figures);
@@ -153,7 +153,7 @@ impl Ledger {
     /// A block of `size` bytes at `addr` was handed out for `requested` bytes.
     #[inline(always)]
     pub(crate) fn allocated(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
-        self.change(Change::Allocated {
+        self.change(Transition::Allocated {
             small,
             size,
             requested,
@@ -169,7 +169,7 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        self.change(Change::FreeRequested { small, size });
+        self.change(Transition::FreeRequested { small, size });
         self.emit(Action::FreeRequested, addr, requested);
     }
 
@@ -181,7 +181,7 @@ impl Ledger {
         size: u64,
         requested: u64,
     ) {
-        self.change(Change::FreeCompleted {
+        self.change(Transition::FreeCompleted {
             small,
             size,
             requested,
@@ -194,7 +194,7 @@ impl Ledger {
     /// [`Ledger::free_completed`] in one.
     #[inline(always)]
     pub(crate) fn freed(&mut self, small: bool, addr: DevicePtr, size: u64, requested: u64) {
-        self.change(Change::Freed {
+        self.change(Transition::Freed {
             small,
             size,
             requested,
@@ -206,7 +206,7 @@ impl Ledger {
     /// A page of `bytes` was mapped at `addr`, changing the count of contiguous
     /// mapped runs (segments) by `runs`.
     pub(crate) fn mapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        self.change(Change::Reserved {
+        self.change(Transition::Reserved {
             small,
             bytes: bytes as i64,
             segments: runs,
@@ -216,7 +216,7 @@ impl Ledger {
 
     /// A page of `bytes` at `addr` was unmapped.
     pub(crate) fn unmapped(&mut self, small: bool, addr: DevicePtr, bytes: u64, runs: i64) {
-        self.change(Change::Reserved {
+        self.change(Transition::Reserved {
             small,
             bytes: -(bytes as i64),
             segments: runs,
@@ -252,7 +252,7 @@ impl Ledger {
 
     /// A device segment was allocated.
     pub(crate) fn segment_allocated(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        self.change(Change::Reserved {
+        self.change(Transition::Reserved {
             small,
             bytes: size as i64,
             segments: 1,
@@ -263,7 +263,7 @@ impl Ledger {
 
     /// A device segment was freed.
     pub(crate) fn segment_freed(&mut self, small: bool, addr: DevicePtr, size: u64) {
-        self.change(Change::Reserved {
+        self.change(Transition::Reserved {
             small,
             bytes: -(size as i64),
             segments: -1,
@@ -277,7 +277,7 @@ impl Ledger {
         if before == after {
             return;
         }
-        self.change(Change::Splits {
+        self.change(Transition::Splits {
             small,
             count: after.0 as i64 - before.0 as i64,
             bytes: after.1 as i64 - before.1 as i64,

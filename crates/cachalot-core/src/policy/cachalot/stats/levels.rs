@@ -12,8 +12,8 @@
 
 use crate::stats::MemoryStats;
 
-use super::change::Change;
 use super::tally::Family;
+use crate::transition::Transition;
 
 /// Families, in [`MemoryStats`]'s order.
 const FAMILIES: usize = MemoryStats::FAMILIES;
@@ -85,7 +85,7 @@ impl Levels {
 
     /// Current values after `change`.
     #[inline(always)]
-    pub(crate) fn shift(&mut self, change: Change) {
+    pub(crate) fn shift(&mut self, change: Transition) {
         moves(change, |family, small, amount| {
             self.add(family, small, amount)
         });
@@ -95,7 +95,7 @@ impl Levels {
     /// up passes them (no other can: where these were at most `peaks`
     /// before, they are after).
     #[inline(always)]
-    pub(crate) fn shift_raising(&mut self, change: Change, peaks: &mut Levels) {
+    pub(crate) fn shift_raising(&mut self, change: Transition, peaks: &mut Levels) {
         moves(change, |family, small, amount| {
             self.add(family, small, amount);
             if amount > 0 {
@@ -154,9 +154,9 @@ impl Levels {
 /// What `change` adds to each statistic it moves: `add(family, small,
 /// amount)` for the pool (small or large) and its `all`.
 #[inline(always)]
-fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
+fn moves(change: Transition, mut add: impl FnMut(usize, bool, i64)) {
     match change {
-        Change::Allocated {
+        Transition::Allocated {
             small,
             size,
             requested,
@@ -168,11 +168,11 @@ fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
             add(ACTIVE_BYTES, small, size);
             add(REQUESTED_BYTES, small, requested as i64);
         }
-        Change::FreeRequested { small, size } => {
+        Transition::FreeRequested { small, size } => {
             add(ALLOCATION, small, -1);
             add(ALLOCATED_BYTES, small, -(size as i64));
         }
-        Change::FreeCompleted {
+        Transition::FreeCompleted {
             small,
             size,
             requested,
@@ -181,7 +181,7 @@ fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
             add(ACTIVE_BYTES, small, -(size as i64));
             add(REQUESTED_BYTES, small, -(requested as i64));
         }
-        Change::Freed {
+        Transition::Freed {
             small,
             size,
             requested,
@@ -193,7 +193,7 @@ fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
             add(ACTIVE_BYTES, small, -size);
             add(REQUESTED_BYTES, small, -(requested as i64));
         }
-        Change::Reserved {
+        Transition::Reserved {
             small,
             bytes,
             segments,
@@ -201,7 +201,7 @@ fn moves(change: Change, mut add: impl FnMut(usize, bool, i64)) {
             add(RESERVED_BYTES, small, bytes);
             add(SEGMENT, small, segments);
         }
-        Change::Splits {
+        Transition::Splits {
             small,
             count,
             bytes,
@@ -221,10 +221,13 @@ mod tests {
     /// `shift` moves every current value as applying the change to a stream's
     /// figures does, over a seeded mix of every kind of change; `shift_raising`
     /// moves them alike and keeps the highest values as raising every one
-    /// after the change does.
+    /// after the change does; and the figures move every statistic (current,
+    /// peak, allocated, freed) as the shared contract, [`MemoryStats::apply`],
+    /// moves it.
     #[test]
     fn shift_follows_the_figures() {
         let mut figures = Figures::new(MemoryStats::new(None));
+        let mut contract = MemoryStats::new(None);
         let (mut levels, mut tops) = (Levels::default(), Levels::default());
         let mut rng = XorShift(0x9e37_79b9);
         let (mut live, mut pending) = (Vec::new(), Vec::new());
@@ -235,7 +238,7 @@ mod tests {
             let change = match (x >> 20) % 8 {
                 0..=2 => {
                     live.push((small, size));
-                    Change::Allocated {
+                    Transition::Allocated {
                         small,
                         size,
                         requested: size - 1,
@@ -243,7 +246,7 @@ mod tests {
                 }
                 3 if !live.is_empty() => {
                     let (small, size) = live.swap_remove(x as usize % live.len());
-                    Change::Freed {
+                    Transition::Freed {
                         small,
                         size,
                         requested: size - 1,
@@ -252,22 +255,22 @@ mod tests {
                 4 if !live.is_empty() => {
                     let (small, size) = live.swap_remove(x as usize % live.len());
                     pending.push((small, size));
-                    Change::FreeRequested { small, size }
+                    Transition::FreeRequested { small, size }
                 }
                 5 if !pending.is_empty() => {
                     let (small, size) = pending.swap_remove(x as usize % pending.len());
-                    Change::FreeCompleted {
+                    Transition::FreeCompleted {
                         small,
                         size,
                         requested: size - 1,
                     }
                 }
-                6 => Change::Reserved {
+                6 => Transition::Reserved {
                     small,
                     bytes: size as i64 - 2048,
                     segments: (x >> 40) as i64 % 3 - 1,
                 },
-                _ => Change::Splits {
+                _ => Transition::Splits {
                     small,
                     count: (x >> 40) as i64 % 3 - 1,
                     bytes: size as i64 - 2048,
@@ -279,6 +282,8 @@ mod tests {
                 continue; // nothing goes negative
             }
             figures.apply(change);
+            contract.apply(change);
+            assert_eq!(figures.stats(), contract, "after {change:?}");
             let (mut raised, mut peaks) = (levels, tops);
             raised.shift_raising(change, &mut peaks);
             levels = next;

@@ -35,11 +35,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::error::InvariantViolation;
 
-use super::change::Change;
 use super::journal::{Figures, Journal, Run};
 use super::levels::Levels;
 use super::settler::{Settle, Settler};
 use super::stamp::Stamper;
+use crate::transition::Transition;
 
 /// The device's side: the stamps the streams take (`stamp`), the merge state and
 /// the settler threads.
@@ -361,7 +361,7 @@ struct Cursor {
 impl Cursor {
     /// Applies run `q`'s changes before `limit` (in the one order), handing
     /// each to `each` too.
-    fn advance(&mut self, run: &Run, q: usize, limit: Key, mut each: impl FnMut(Change)) {
+    fn advance(&mut self, run: &Run, q: usize, limit: Key, mut each: impl FnMut(Transition)) {
         while let Some(&(t, change)) = run.entries.get(self.next) {
             if (t, q, self.next) >= limit {
                 break;
@@ -581,16 +581,16 @@ mod tests {
     use crate::test_rng::XorShift;
     use std::sync::Arc;
 
-    fn alloc(size: u64) -> Change {
-        Change::Allocated {
+    fn alloc(size: u64) -> Transition {
+        Transition::Allocated {
             small: false,
             size,
             requested: size,
         }
     }
 
-    fn free(size: u64) -> Change {
-        Change::Freed {
+    fn free(size: u64) -> Transition {
+        Transition::Freed {
             small: false,
             size,
             requested: size,
@@ -606,7 +606,7 @@ mod tests {
     }
 
     impl Stream {
-        fn note(&mut self, change: Change) {
+        fn note(&mut self, change: Transition) {
             self.clock.increment(1);
             self.figures.apply(change);
             self.journal.note(change, &mut self.figures);
@@ -787,7 +787,7 @@ mod tests {
     fn repeated_steps_are_merged_without_replaying_them() {
         let mut rng = XorShift(0x2f6b_1a3d);
         let mut blocks = Blocks::default();
-        let mut step: Vec<Change> = std::iter::from_fn(|| Some(rng.draw()))
+        let mut step: Vec<Transition> = std::iter::from_fn(|| Some(rng.draw()))
             .filter_map(|x| random_change(x, &mut blocks))
             .take(3_000)
             .collect();
@@ -795,12 +795,12 @@ mod tests {
         for (small, size, pending) in blocks.live {
             let requested = size - 7;
             step.push(match pending {
-                true => Change::FreeCompleted {
+                true => Transition::FreeCompleted {
                     small,
                     size,
                     requested,
                 },
-                false => Change::Freed {
+                false => Transition::Freed {
                     small,
                     size,
                     requested,
@@ -808,7 +808,7 @@ mod tests {
             });
         }
         for (p, &pages) in blocks.pages.iter().enumerate() {
-            step.extend((0..pages).map(|_| Change::Reserved {
+            step.extend((0..pages).map(|_| Transition::Reserved {
                 small: p == 1,
                 bytes: -(2 << 20),
                 segments: -1,
@@ -855,7 +855,7 @@ mod tests {
 
     /// A seeded change to a stream with `blocks`, kept up to date; `None`
     /// where the draw has nothing to free or unmap.
-    fn random_change(x: u64, blocks: &mut Blocks) -> Option<Change> {
+    fn random_change(x: u64, blocks: &mut Blocks) -> Option<Transition> {
         let small = (x >> 12).is_multiple_of(3);
         let size = 512 * ((x >> 16) % 64 + 1);
         let live = &mut blocks.live;
@@ -864,7 +864,7 @@ mod tests {
         Some(match (x >> 24) % 10 {
             0..=3 => {
                 live.push((small, size, false));
-                Change::Allocated {
+                Transition::Allocated {
                     small,
                     size,
                     requested: size - 7,
@@ -874,13 +874,13 @@ mod tests {
                 let (small, size, pending) = live.swap_remove(k);
                 let requested = size - 7;
                 if pending {
-                    Change::FreeCompleted {
+                    Transition::FreeCompleted {
                         small,
                         size,
                         requested,
                     }
                 } else {
-                    Change::Freed {
+                    Transition::Freed {
                         small,
                         size,
                         requested,
@@ -889,14 +889,14 @@ mod tests {
             }
             7 if live.get(k).is_some_and(|b| !b.2) => {
                 live[k].2 = true;
-                Change::FreeRequested {
+                Transition::FreeRequested {
                     small: live[k].0,
                     size: live[k].1,
                 }
             }
             8 => {
                 *pages += 1;
-                Change::Reserved {
+                Transition::Reserved {
                     small,
                     bytes: 2 << 20,
                     segments: 1,
@@ -904,7 +904,7 @@ mod tests {
             }
             9 if *pages > 0 => {
                 *pages -= 1;
-                Change::Reserved {
+                Transition::Reserved {
                     small,
                     bytes: -(2 << 20),
                     segments: -1,

@@ -3,7 +3,6 @@
 //! peaks with several streams, worked out from the streams' journals without
 //! a device lock on the hot path (`journal`, `stamp`, `merge`, `settler`).
 
-pub(crate) mod change;
 pub(crate) mod journal;
 pub(crate) mod ledger;
 pub(crate) mod levels;
