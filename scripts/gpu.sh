@@ -83,10 +83,17 @@ fi
 
 if want tests; then
 section "1. GPU tests"
+# The CUDA runtime for the backend whose segments come from cudaMalloc
+# (gpu_runtime_conformance), where the loader would not find it by itself;
+# for the test programs only (torch, later, loads its own).
+runtime_libs="${LD_LIBRARY_PATH:-}"
+[ -d /usr/local/cuda/lib64 ] && runtime_libs="${runtime_libs:+$runtime_libs:}/usr/local/cuda/lib64"
 for t in "$bin"/tests/*; do
   [ -x "$t" ] || continue
   echo "--- $(basename "$t")"
-  if ! "$t" --test-threads=1 --nocapture; then status=1; echo "FAILED: $(basename "$t")"; fi
+  if ! LD_LIBRARY_PATH="$runtime_libs" "$t" --test-threads=1 --nocapture; then
+    status=1; echo "FAILED: $(basename "$t")"
+  fi
 done
 
 fi
