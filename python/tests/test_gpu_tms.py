@@ -128,16 +128,24 @@ print("RESULT", first, second, freed, same, flush=True)
 """
 
 
-@pytest.mark.parametrize("where", ["inputs", "capture"])
-@pytest.mark.parametrize("who", ["native", "cachalot"])
-def test_a_graph_replays_after_pause_and_resume(torch_gpu, who, where):
-    pytest.importorskip("torch_memory_saver")
-    env = dict(os.environ)
+def _environment(who, base):
+    """The child's environment: PyTorch's allocator (`native`) or cachalot
+    under the policy this suite runs with, and no expandable segments (which
+    torch_memory_saver refuses)."""
+    env = dict(base)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if who == "native":
         env.pop("CACHALOT_ALLOC_CONF", None)
     else:
         env["CACHALOT_ALLOC_CONF"] = f"policy:{cachalot_torch.config()['policy']}"
+    return env
+
+
+@pytest.mark.parametrize("where", ["inputs", "capture"])
+@pytest.mark.parametrize("who", ["native", "cachalot"])
+def test_a_graph_replays_after_pause_and_resume(torch_gpu, who, where):
+    pytest.importorskip("torch_memory_saver")
+    env = _environment(who, os.environ)
     done = subprocess.run([sys.executable, "-c", GRAPH_PROGRAM, who, where],
                           capture_output=True, text=True, env=env, timeout=300)
     print(who, where, "exit", done.returncode, [line for line in done.stdout.splitlines() if line.startswith("INFO")])
@@ -204,12 +212,7 @@ def test_preload_mode_pauses_a_region_and_a_graph(torch_gpu, who):
     from torch_memory_saver.hooks.mode_preload import configure_subprocess
 
     with configure_subprocess():
-        env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if who == "native":
-        env.pop("CACHALOT_ALLOC_CONF", None)
-    else:
-        env["CACHALOT_ALLOC_CONF"] = f"policy:{cachalot_torch.config()['policy']}"
+        env = _environment(who, os.environ)
     done = subprocess.run([sys.executable, "-c", PRELOAD_PROGRAM, who],
                           capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
