@@ -205,6 +205,22 @@ impl StatArray {
     }
 }
 
+/// Whether `a` and `b` are the same string (for constants).
+const fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// Checks that `stat`'s current value lies in `[0, peak]`.
 fn within_peak(name: &str, stat: &Stat) -> Result<(), String> {
     if stat.current < 0 || stat.current > stat.peak {
@@ -264,7 +280,25 @@ macro_rules! memory_stats {
             }
 
             /// How many families of per-pool statistics there are.
-            pub(crate) const FAMILIES: usize = [$(stringify!($array)),*].len();
+            pub(crate) const FAMILIES: usize = Self::FAMILY_NAMES.len();
+
+            /// The families of per-pool statistics by key name, in
+            /// declaration order (the order of [`MemoryStats::arrays`]).
+            const FAMILY_NAMES: &'static [&'static str] = &[$(stringify!($array)),*];
+
+            /// The place of family `name` in declaration order, found when
+            /// the program is compiled: a name that is no family does not
+            /// compile where it is used in a constant.
+            pub(crate) const fn family(name: &str) -> usize {
+                let mut i = 0;
+                while i < Self::FAMILY_NAMES.len() {
+                    if same_str(Self::FAMILY_NAMES[i], name) {
+                        return i;
+                    }
+                    i += 1;
+                }
+                panic!("no such family of statistics")
+            }
 
             /// Every family of per-pool statistics with its key name, in
             /// declaration order.
@@ -417,6 +451,14 @@ impl MemoryStats {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn a_family_is_found_where_the_statistics_declare_it() {
+        for (i, (name, _)) in MemoryStats::default().arrays().iter().enumerate() {
+            assert_eq!(MemoryStats::family(name), i, "{name}");
+        }
+        assert_eq!(MemoryStats::family("segment"), 1);
+    }
 
     #[test]
     fn stat_tracks_peak_and_totals() {

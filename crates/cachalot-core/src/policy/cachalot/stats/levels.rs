@@ -15,17 +15,17 @@ use crate::stats::MemoryStats;
 use super::tally::Family;
 use crate::transition::Transition;
 
-/// Families, in [`MemoryStats`]'s order.
+/// Families, in [`MemoryStats`]'s order, each found by its name there.
 const FAMILIES: usize = MemoryStats::FAMILIES;
-const ALLOCATION: usize = 0;
-const SEGMENT: usize = 1;
-const ACTIVE: usize = 2;
-const INACTIVE_SPLIT: usize = 3;
-const ALLOCATED_BYTES: usize = 4;
-const RESERVED_BYTES: usize = 5;
-const ACTIVE_BYTES: usize = 6;
-const INACTIVE_SPLIT_BYTES: usize = 7;
-const REQUESTED_BYTES: usize = 8;
+const ALLOCATION: usize = MemoryStats::family("allocation");
+const SEGMENT: usize = MemoryStats::family("segment");
+const ACTIVE: usize = MemoryStats::family("active");
+const INACTIVE_SPLIT: usize = MemoryStats::family("inactive_split");
+const ALLOCATED_BYTES: usize = MemoryStats::family("allocated_bytes");
+const RESERVED_BYTES: usize = MemoryStats::family("reserved_bytes");
+const ACTIVE_BYTES: usize = MemoryStats::family("active_bytes");
+const INACTIVE_SPLIT_BYTES: usize = MemoryStats::family("inactive_split_bytes");
+const REQUESTED_BYTES: usize = MemoryStats::family("requested_bytes");
 
 /// Per family: the small pool, the large pool, `all`.
 const ALL: usize = 2;
