@@ -1,5 +1,5 @@
 //! What lies under a live allocation, as a policy reports it for sharing
-//! with another process ([`crate::ipc`]): a device segment, or physical pages
+//! with another process (the `cachalot-ipc` crate): a device segment, or physical pages
 //! mapped one after another.
 
 use crate::backend::{DevicePtr, PageHandle};

@@ -107,7 +107,7 @@ pub trait DeviceAllocator: PrivatePools + Tags + Send + Sync + fmt::Debug {
     }
 
     /// What lies under the live allocation at `ptr` (a segment, or mapped
-    /// pages), for sharing it with another process ([`crate::ipc::share`]).
+    /// pages), for sharing it with another process (`cachalot_ipc::share`).
     ///
     /// # Errors
     /// [`Error::InvalidFree`](crate::Error::InvalidFree) when `ptr` is not a

@@ -42,7 +42,7 @@
 //!   graph or `MemPool` uses it (then it is *freeable*).
 //! * **backing**, **handle**: what lies under an allocation (its segment, or
 //!   its mapped pages), and the bytes another process opens it with
-//!   ([`ipc`]): PyTorch's own CUDA IPC handle for a segment, file descriptors
+//!   (the `cachalot-ipc` crate): PyTorch's own CUDA IPC handle for a segment, file descriptors
 //!   handed over a Unix socket for pages.
 //! * **tag**: a private pool whose memory can sleep ([`sleep`]): its segments'
 //!   pages go back to the device at a *pause* and come back at the same
@@ -103,7 +103,7 @@
 //! above): a module imports its own layer or those below it.
 //!
 //! ```text
-//!   ipc  report                        services over any allocator
+//!   report                             services over any allocator
 //!   policy: pytorch | cachalot         the two policies, and create()
 //!   device_allocator                   DeviceAllocator (malloc, free, stats, ...);
 //!                                      PrivatePools, Tags: its extension traits
@@ -139,7 +139,6 @@ mod device_allocator;
 pub mod error;
 pub mod event;
 pub mod history;
-pub mod ipc;
 pub mod policy;
 pub mod pool_id;
 pub mod private_pool;

@@ -12,7 +12,8 @@
 //! statistics, snapshots, sleep and wake: its crate documentation has the
 //! glossary, the layers and the invariants), the tools over recordings of
 //! `cachalot_tools` ([`trace`], [`replay`], [`tune`], [`view`],
-//! [`snapshot_io`], [`golden`]), and the CUDA backend of `cachalot_cuda` as
+//! [`snapshot_io`], [`golden`]), sharing with other processes of
+//! `cachalot_ipc` as [`ipc`], and the CUDA backend of `cachalot_cuda` as
 //! [`backend::cuda`]. A program that needs neither a GPU driver nor the
 //! tools may depend on `cachalot-core` alone.
 //!
@@ -32,6 +33,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub use cachalot_core::*;
+pub use cachalot_ipc as ipc;
 pub use cachalot_tools::{golden, replay, snapshot_io, trace, tune, view};
 
 /// What provides segments, pages, streams and events: the core's backends

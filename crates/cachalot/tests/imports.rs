@@ -273,11 +273,11 @@ fn target(
 
 /// Each crate's layers as its lib.rs documents them, top first: the
 /// top-level modules of each layer.
-const LAYERS: [(&str, &[&[&str]]); 4] = [
+const LAYERS: [(&str, &[&[&str]]); 5] = [
     (
         "cachalot-core",
         &[
-            &["ipc", "report"],
+            &["report"],
             &["policy"],
             &["device_allocator"],
             &[
@@ -309,6 +309,7 @@ const LAYERS: [(&str, &[&[&str]]); 4] = [
             &["golden", "snapshot_io"],
         ],
     ),
+    ("cachalot-ipc", &[&["import"], &["handle", "server"]]),
     (
         "cachalot-cuda",
         &[&["host", "capture"], &["registry", "runtime", "driver"]],
@@ -443,8 +444,9 @@ fn strongly_connected(
 
 /// The workspace's crates in the order docs/architecture.md draws them,
 /// lowest first: a crate's `[dependencies]` name only crates before it.
-const CRATES: [&str; 8] = [
+const CRATES: [&str; 9] = [
     "cachalot-core",
+    "cachalot-ipc",
     "cachalot-cuda",
     "cachalot-tools",
     "cachalot",
@@ -488,6 +490,7 @@ fn every_crate_depends_only_on_crates_below_it() {
     assert!(found.is_empty(), "{}", found.join("\n"));
     assert_eq!(dependencies("cachalot-cuda"), ["cachalot-core"]);
     assert_eq!(dependencies("cachalot-tools"), ["cachalot-core"]);
+    assert_eq!(dependencies("cachalot-ipc"), ["cachalot-core"]);
 }
 
 #[test]

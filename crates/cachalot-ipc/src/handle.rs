@@ -11,8 +11,8 @@
 //!   there, the count of physical handles (u32) and each one's size in bytes
 //!   (u64), in address order.
 
-use crate::backend::IPC_HANDLE_BYTES;
-use crate::error::{Error, Result};
+use cachalot_core::backend::IPC_HANDLE_BYTES;
+use cachalot_core::error::{Error, Result};
 
 /// The version byte PyTorch 2.11 writes first.
 pub const VERSION: u8 = 2;

@@ -27,8 +27,8 @@ use nix::sys::socket::{
     getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
 };
 
-use crate::backend::BackendResult;
-use crate::error::{Error, Result};
+use cachalot_core::backend::BackendResult;
+use cachalot_core::error::{Error, Result};
 
 /// The most descriptors one message carries (the kernel allows 253).
 pub const FDS_PER_MESSAGE: usize = 250;
@@ -291,7 +291,9 @@ mod tests {
         let e = fetch(server.name(), &[0; 16], 1).unwrap_err().to_string();
         assert!(e.contains("does not know"), "{e}");
         let failing = server.offer(Arc::new(|| {
-            Err(crate::backend::BackendError::Unavailable("gone".into()))
+            Err(cachalot_core::backend::BackendError::Unavailable(
+                "gone".into(),
+            ))
         }));
         let e = fetch(server.name(), &failing, 1).unwrap_err().to_string();
         assert!(e.contains("could not export"), "{e}");

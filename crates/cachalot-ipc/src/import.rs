@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::backend::{Backend, BackendResult, DevicePtr, PageHandle};
-use crate::error::{Error, Result};
+use cachalot_core::backend::{Backend, BackendResult, DevicePtr, PageHandle};
+use cachalot_core::error::{Error, Result};
 
 use super::handle::Handle;
 use super::server;
@@ -175,7 +175,7 @@ fn unmap_pages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::sim::SimBackend;
+    use cachalot_core::backend::sim::SimBackend;
 
     #[test]
     fn bad_handles_and_closes_are_errors_and_open_nothing() {

@@ -1,5 +1,9 @@
-//! Sharing live allocations with other processes (CUDA IPC), as
-//! torch.multiprocessing does with CUDA tensors.
+//! # cachalot-ipc: sharing live allocations with other processes
+//!
+//! CUDA IPC, as torch.multiprocessing does with CUDA tensors, over any
+//! allocator of `cachalot-core` (its own crate: it alone needs `nix`, for file
+//! descriptors over Unix sockets). The `cachalot` crate re-exports it as
+//! `cachalot::ipc`.
 //!
 //! Glossary:
 //! - *backing*: what lies under an allocation: a device segment (`cuMemAlloc`),
@@ -17,6 +21,9 @@
 //! the caller (torch.multiprocessing's reference counts) keeps the sender's
 //! allocation alive, as with PyTorch's allocator.
 
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(clippy::unwrap_used)]
+
 pub mod handle;
 mod import;
 pub mod server;
@@ -25,10 +32,10 @@ use std::sync::{Arc, OnceLock};
 
 pub use self::import::Imports;
 
-use crate::backend::DevicePtr;
-pub use crate::backing::Backing;
-use crate::device_allocator::DeviceAllocator;
-use crate::error::{Error, Result};
+use cachalot_core::allocator::DeviceAllocator;
+use cachalot_core::backend::DevicePtr;
+pub use cachalot_core::backing::Backing;
+use cachalot_core::error::{Error, Result};
 
 use self::handle::Handle;
 use self::server::FdServer;
