@@ -10,124 +10,65 @@
 //! `all` figure the sum of its pools, no current value below zero or above its
 //! peak.
 
-use crate::stats::{MemoryStats, StatArray, StatPool};
+use crate::stats::family::{
+    ACTIVE, ACTIVE_BYTES, ALLOCATED_BYTES, ALLOCATION, INACTIVE_SPLIT, INACTIVE_SPLIT_BYTES,
+    REQUESTED_BYTES, RESERVED_BYTES, SEGMENT,
+};
+use crate::stats::{MemoryStats, StatPool};
 
-/// The families a policy's blocks and segments determine, for one pool.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Levels {
-    allocation: i64,
-    allocated_bytes: i64,
-    active: i64,
-    active_bytes: i64,
-    requested_bytes: i64,
-    inactive_split: i64,
-    inactive_split_bytes: i64,
-    segment: i64,
-    reserved_bytes: i64,
-}
-
-impl Levels {
-    fn plus(self, other: Levels) -> Levels {
-        Levels {
-            allocation: self.allocation + other.allocation,
-            allocated_bytes: self.allocated_bytes + other.allocated_bytes,
-            active: self.active + other.active,
-            active_bytes: self.active_bytes + other.active_bytes,
-            requested_bytes: self.requested_bytes + other.requested_bytes,
-            inactive_split: self.inactive_split + other.inactive_split,
-            inactive_split_bytes: self.inactive_split_bytes + other.inactive_split_bytes,
-            segment: self.segment + other.segment,
-            reserved_bytes: self.reserved_bytes + other.reserved_bytes,
-        }
-    }
-
-    /// Each family's name, its figure in `stats`, and what was counted.
-    fn against<'a>(&self, stats: &'a MemoryStats) -> [(&'static str, &'a StatArray, i64); 9] {
-        [
-            ("allocation", &stats.allocation, self.allocation),
-            (
-                "allocated_bytes",
-                &stats.allocated_bytes,
-                self.allocated_bytes,
-            ),
-            ("active", &stats.active, self.active),
-            ("active_bytes", &stats.active_bytes, self.active_bytes),
-            (
-                "requested_bytes",
-                &stats.requested_bytes,
-                self.requested_bytes,
-            ),
-            ("inactive_split", &stats.inactive_split, self.inactive_split),
-            (
-                "inactive_split_bytes",
-                &stats.inactive_split_bytes,
-                self.inactive_split_bytes,
-            ),
-            ("segment", &stats.segment, self.segment),
-            ("reserved_bytes", &stats.reserved_bytes, self.reserved_bytes),
-        ]
-    }
-}
-
-/// What blocks and segments say, per pool, counted as a policy walks them.
+/// What blocks and segments say, counted as a policy walks them: per family
+/// (its place in [`MemoryStats::arrays`]), the small pool's and the large
+/// pool's figure.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Recount {
-    small: Levels,
-    large: Levels,
+    counts: [[i64; 2]; MemoryStats::FAMILIES],
 }
 
 impl Recount {
-    fn levels(&mut self, small: bool) -> &mut Levels {
-        if small {
-            &mut self.small
-        } else {
-            &mut self.large
-        }
+    fn add(&mut self, family: usize, small: bool, amount: u64) {
+        self.counts[family][usize::from(!small)] += amount as i64;
     }
 
     /// `count` allocated blocks of `bytes` in all.
     pub(crate) fn allocated(&mut self, small: bool, count: u64, bytes: u64) {
-        let l = self.levels(small);
-        l.allocation += count as i64;
-        l.allocated_bytes += bytes as i64;
+        self.add(ALLOCATION, small, count);
+        self.add(ALLOCATED_BYTES, small, bytes);
     }
 
     /// `count` active blocks of `bytes` in all, asked for as `requested` bytes.
     pub(crate) fn active(&mut self, small: bool, count: u64, bytes: u64, requested: u64) {
-        let l = self.levels(small);
-        l.active += count as i64;
-        l.active_bytes += bytes as i64;
-        l.requested_bytes += requested as i64;
+        self.add(ACTIVE, small, count);
+        self.add(ACTIVE_BYTES, small, bytes);
+        self.add(REQUESTED_BYTES, small, requested);
     }
 
     /// `count` inactive split blocks of `bytes` in all.
     pub(crate) fn inactive_split(&mut self, small: bool, count: u64, bytes: u64) {
-        let l = self.levels(small);
-        l.inactive_split += count as i64;
-        l.inactive_split_bytes += bytes as i64;
+        self.add(INACTIVE_SPLIT, small, count);
+        self.add(INACTIVE_SPLIT_BYTES, small, bytes);
     }
 
     /// `count` segments holding `bytes` of reserved memory in all (an
     /// expandable segment's mapped bytes may count with no segment).
     pub(crate) fn reserved(&mut self, small: bool, count: u64, bytes: u64) {
-        let l = self.levels(small);
-        l.segment += count as i64;
-        l.reserved_bytes += bytes as i64;
+        self.add(SEGMENT, small, count);
+        self.add(RESERVED_BYTES, small, bytes);
     }
 
     /// Checks `stats`' current values of `pool` (`All`: both pools' counts
-    /// together) against the counts.
+    /// together) against the counts, every family (one the walk never
+    /// counted must be 0).
     ///
     /// # Errors
     /// The first family whose figure differs, as "active_bytes.large_pool is
     /// 4096, blocks say 0".
     pub(crate) fn check(&self, stats: &MemoryStats, pool: StatPool) -> Result<(), String> {
-        let levels = match pool {
-            StatPool::All => self.small.plus(self.large),
-            StatPool::Small => self.small,
-            StatPool::Large => self.large,
-        };
-        for (name, array, counted) in levels.against(stats) {
+        for ((name, array), [small, large]) in stats.arrays().into_iter().zip(self.counts) {
+            let counted = match pool {
+                StatPool::All => small + large,
+                StatPool::Small => small,
+                StatPool::Large => large,
+            };
             let have = array.get(pool).current;
             if have != counted {
                 return Err(format!(

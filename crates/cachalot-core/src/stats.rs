@@ -411,6 +411,23 @@ memory_stats! {
     }
 }
 
+/// Each per-pool family's place in [`MemoryStats::arrays`], found by its
+/// name in the list above when the program is compiled: what code that
+/// keeps the families in arrays of its own indexes them by.
+pub(crate) mod family {
+    use super::MemoryStats;
+
+    pub(crate) const ALLOCATION: usize = MemoryStats::family("allocation");
+    pub(crate) const SEGMENT: usize = MemoryStats::family("segment");
+    pub(crate) const ACTIVE: usize = MemoryStats::family("active");
+    pub(crate) const INACTIVE_SPLIT: usize = MemoryStats::family("inactive_split");
+    pub(crate) const ALLOCATED_BYTES: usize = MemoryStats::family("allocated_bytes");
+    pub(crate) const RESERVED_BYTES: usize = MemoryStats::family("reserved_bytes");
+    pub(crate) const ACTIVE_BYTES: usize = MemoryStats::family("active_bytes");
+    pub(crate) const INACTIVE_SPLIT_BYTES: usize = MemoryStats::family("inactive_split_bytes");
+    pub(crate) const REQUESTED_BYTES: usize = MemoryStats::family("requested_bytes");
+}
+
 impl MemoryStats {
     /// Fresh statistics for an allocator whose split limit is `max_split_size`
     /// (`None` = unlimited).

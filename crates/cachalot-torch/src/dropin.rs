@@ -332,12 +332,13 @@ unsafe fn c_strings(strings: *const *const c_char, n: usize) -> Result<Vec<Strin
     let pointers = unsafe { std::slice::from_raw_parts(strings, n) };
     pointers
         .iter()
-        .map(|p| match p.is_null() {
-            true => Err(PluginError::InvalidArgument("a NULL name".into())),
+        .map(|p| {
+            if p.is_null() {
+                return Err(PluginError::InvalidArgument("a NULL name".into()));
+            }
             // SAFETY: each non-NULL pointer is a NUL-terminated string (caller).
-            false => Ok(unsafe { std::ffi::CStr::from_ptr(*p) }
-                .to_string_lossy()
-                .into_owned()),
+            let name = unsafe { std::ffi::CStr::from_ptr(*p) };
+            Ok(name.to_string_lossy().into_owned())
         })
         .collect()
 }

@@ -297,15 +297,13 @@ impl Directory {
                 return Some(e);
             }
         }
-        let (i, e) = match len <= SCANNED {
-            true => self
-                .iter()
+        let (i, e) = if len <= SCANNED {
+            self.iter()
                 .enumerate()
-                .find(|(_, e)| e.ranges.contains(ptr))?,
-            false => {
-                let i = self.spans.find(ptr)?;
-                (i, self.at(i).filter(|e| e.ranges.contains(ptr))?)
-            }
+                .find(|(_, e)| e.ranges.contains(ptr))?
+        } else {
+            let i = self.spans.find(ptr)?;
+            (i, self.at(i).filter(|e| e.ranges.contains(ptr))?)
         };
         LAST_OWNER.set((me, i));
         Some(e)

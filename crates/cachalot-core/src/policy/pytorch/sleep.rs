@@ -154,9 +154,8 @@ impl State {
     /// during a capture, if that pool is a tag (see [`Tag::captured`]).
     pub(crate) fn note_capture_into(&mut self, slot: u32, stream: StreamId) {
         let backend = &self.backend;
-        if let Some(tag) = self.tags.get_mut(&slot) {
-            tag.captured |=
-                !tag.captured && matches!(backend.capture_frontier(stream), Ok(Some(_)));
+        if let Some(tag) = self.tags.get_mut(&slot).filter(|t| !t.captured) {
+            tag.captured = matches!(backend.capture_frontier(stream), Ok(Some(_)));
         }
     }
 

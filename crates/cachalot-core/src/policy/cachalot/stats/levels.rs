@@ -13,19 +13,11 @@
 use crate::stats::MemoryStats;
 
 use super::tally::Family;
+use crate::stats::family::{ACTIVE, ACTIVE_BYTES, ALLOCATED_BYTES, ALLOCATION, REQUESTED_BYTES};
 use crate::transition::Transition;
 
-/// Families, in [`MemoryStats`]'s order, each found by its name there.
+/// Families, in [`MemoryStats`]'s order.
 const FAMILIES: usize = MemoryStats::FAMILIES;
-const ALLOCATION: usize = MemoryStats::family("allocation");
-const SEGMENT: usize = MemoryStats::family("segment");
-const ACTIVE: usize = MemoryStats::family("active");
-const INACTIVE_SPLIT: usize = MemoryStats::family("inactive_split");
-const ALLOCATED_BYTES: usize = MemoryStats::family("allocated_bytes");
-const RESERVED_BYTES: usize = MemoryStats::family("reserved_bytes");
-const ACTIVE_BYTES: usize = MemoryStats::family("active_bytes");
-const INACTIVE_SPLIT_BYTES: usize = MemoryStats::family("inactive_split_bytes");
-const REQUESTED_BYTES: usize = MemoryStats::family("requested_bytes");
 
 /// Per family: the small pool, the large pool, `all`.
 const ALL: usize = 2;
@@ -86,9 +78,7 @@ impl Levels {
     /// Current values after `change`.
     #[inline(always)]
     pub(crate) fn shift(&mut self, change: Transition) {
-        moves(change, |family, small, amount| {
-            self.add(family, small, amount)
-        });
+        change.moves(|family, small, amount| self.add(family, small, amount));
     }
 
     /// Current values after `change`, raising `peaks` where a value it moved
@@ -96,7 +86,7 @@ impl Levels {
     /// before, they are after).
     #[inline(always)]
     pub(crate) fn shift_raising(&mut self, change: Transition, peaks: &mut Levels) {
-        moves(change, |family, small, amount| {
+        change.moves(|family, small, amount| {
             self.add(family, small, amount);
             if amount > 0 {
                 for p in [usize::from(!small), ALL] {
@@ -148,67 +138,6 @@ impl Levels {
         (0..FAMILIES)
             .flat_map(|f| (0..3).map(move |p| (f, p)))
             .find(|&(f, p)| self.0[f][p] < other.0[f][p])
-    }
-}
-
-/// What `change` adds to each statistic it moves: `add(family, small,
-/// amount)` for the pool (small or large) and its `all`.
-#[inline(always)]
-fn moves(change: Transition, mut add: impl FnMut(usize, bool, i64)) {
-    match change {
-        Transition::Allocated {
-            small,
-            size,
-            requested,
-        } => {
-            let size = size as i64;
-            add(ALLOCATION, small, 1);
-            add(ALLOCATED_BYTES, small, size);
-            add(ACTIVE, small, 1);
-            add(ACTIVE_BYTES, small, size);
-            add(REQUESTED_BYTES, small, requested as i64);
-        }
-        Transition::FreeRequested { small, size } => {
-            add(ALLOCATION, small, -1);
-            add(ALLOCATED_BYTES, small, -(size as i64));
-        }
-        Transition::FreeCompleted {
-            small,
-            size,
-            requested,
-        } => {
-            add(ACTIVE, small, -1);
-            add(ACTIVE_BYTES, small, -(size as i64));
-            add(REQUESTED_BYTES, small, -(requested as i64));
-        }
-        Transition::Freed {
-            small,
-            size,
-            requested,
-        } => {
-            let size = size as i64;
-            add(ALLOCATION, small, -1);
-            add(ALLOCATED_BYTES, small, -size);
-            add(ACTIVE, small, -1);
-            add(ACTIVE_BYTES, small, -size);
-            add(REQUESTED_BYTES, small, -(requested as i64));
-        }
-        Transition::Reserved {
-            small,
-            bytes,
-            segments,
-        } => {
-            add(RESERVED_BYTES, small, bytes);
-            add(SEGMENT, small, segments);
-        }
-        Transition::Splits {
-            small,
-            count,
-            bytes,
-        } => {
-            add(INACTIVE_SPLIT, small, count);
-            add(INACTIVE_SPLIT_BYTES, small, bytes);
-        }
     }
 }
 
