@@ -27,7 +27,7 @@ rm -f "$dest"/tests/*
 while read -r exe; do
   name=$(basename "$exe"); strip --strip-debug -o "$dest/tests/${name%-*}" "$exe"
 done < /tmp/cachalot-gpu-tests.txt
-if cargo bench -p cachalot --bench gpu --no-run --message-format=json >/tmp/cachalot-gpu-bench.json 2>/dev/null; then
+if cargo bench -p cachalot-bench --bench gpu --no-run --message-format=json >/tmp/cachalot-gpu-bench.json 2>/dev/null; then
   exe=$(python3 -c '
 import json, sys
 for line in open(sys.argv[1]):

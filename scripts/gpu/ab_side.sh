@@ -8,7 +8,7 @@
 # within one process, where the host's drift cancels. Prints, per variant and
 # trace, each round's ratio and their median; the JSON of every run goes to
 # $OUT (or /tmp/ab-side).
-# Build each variant here (`cargo bench -p cachalot --bench gpu --no-run`,
+# Build each variant here (`cargo bench -p cachalot-bench --bench gpu --no-run`,
 # then strip --strip-debug into DIR), carry DIR and the op lists (gpu-bin/cuda),
 # and on the GPU machine: ROUNDS=4 bash scripts/gpu/ab_side.sh DIR gpu-bin/cuda/ops
 set -uo pipefail

@@ -10,7 +10,7 @@
 # (the host's drift cancels there, so it compares variants more steadily than
 # 8 / 1, whose one thread swings by a third); the raw lines go to
 # $OUT/ab.log (or /tmp/ab.log).
-# Build each variant here (`cargo bench -p cachalot --bench gpu --no-run`,
+# Build each variant here (`cargo bench -p cachalot-bench --bench gpu --no-run`,
 # then strip --strip-debug into DIR; check the variants' checksums differ),
 # carry DIR, and on the GPU machine: ROUNDS=3 bash scripts/gpu/ab_threads.sh DIR
 set -uo pipefail

@@ -2,7 +2,7 @@
 //! replayed on a warm allocator over the simulated device (an H100's capacity),
 //! and the cachalot policy's throughput with 1 and 2 threads on their own streams.
 //!
-//! `cargo bench -p cachalot --bench policies`. It prints, in order:
+//! `cargo bench -p cachalot-bench --bench policies`. It prints, in order:
 //! - a table of the two policies taking turns on each trace (a turn: one
 //!   warm-up pass and three timed ones), with the median ns per operation and
 //!   the median of the turns' ratios, then the threads' best rounds;
