@@ -43,7 +43,7 @@ else
   echo "note: no gpu bench target yet; the Rust contenders will be skipped" >&2
 fi
 
-python3 scripts/trace-to-ops.py "$dest/ops" data/traces/{resnet50,vit_train_bf16,gpt2_train,bert_dynamic,llama_train_bf16,gpt2_generate}.native.trace.csv.gz
+python3 scripts/trace-to-ops.py "$dest/ops" data/traces/{resnet50,vit_train_bf16,gpt2_train,bert_dynamic,llama_train_bf16,gpt2_generate,llama_serve}.native.trace.csv.gz
 
 # RMM for the native bench's rmm:pool, rmm:arena and rmm:async contenders: its
 # two wheels from PyPI, kept zipped (about 5 MB together); on the GPU machine,

@@ -116,7 +116,7 @@ impl Space {
         let cachalot = Family {
             fixed: vec!["policy:cachalot".to_string()],
             dimensions: vec![
-                Dimension::new("cachalot_reuse_slack", &["0", "default", "0.1", "0.2"]),
+                Dimension::new("cachalot_reuse_slack", &["0", "0.035", "0.1", "default"]),
                 Dimension::new("cachalot_churn_slack", &["0", "default", "0.3"]),
                 Dimension::new("cachalot_reuse_min_mb", &["0", "default", "128"]),
                 Dimension::new("cachalot_extent_mb", &["2", "default", "128"]),

@@ -207,7 +207,7 @@ impl StreamState {
         }
         self.note_remaps();
         let may_steal = self.may_steal(pages);
-        if may_steal && self.room() == 0 {
+        if may_steal && self.room(pages) == 0 {
             if let Some(page) = self.steal(pages, p, keep)? {
                 self.budget.count_remaps(1);
                 return Ok(page);
@@ -285,7 +285,7 @@ impl StreamState {
         let run = left.min(self.config.extent_pages);
         match self.may_steal(pages) {
             true => run
-                .min(u32::try_from(self.room()).unwrap_or(u32::MAX))
+                .min(u32::try_from(self.room(pages)).unwrap_or(u32::MAX))
                 .max(1),
             false => run,
         }
@@ -316,10 +316,12 @@ impl StreamState {
         }
     }
 
-    /// Pages the stream may still map within its budget.
-    fn room(&self) -> u64 {
+    /// Pages the stream may still map within its budget (the tight one
+    /// while the device is more than half full).
+    fn room(&self, pages: &Pages) -> u64 {
         let g = self.pools.iter().map(Pool::granularity).max().unwrap_or(1);
-        self.budget.pages(g).saturating_sub(self.mapped())
+        let budget = self.budget.pages(g, pages.pressed());
+        budget.saturating_sub(self.mapped())
     }
 
     /// Whether this stream re-maps its cached pages to keep within its
@@ -344,14 +346,14 @@ impl StreamState {
         n: u64,
         keep: &Range<u32>,
     ) -> BackendResult<bool> {
-        if n <= self.room() {
+        if n <= self.room(pages) {
             return Ok(true);
         }
         let Some((handle, k)) = self.unmap_coldest(pages, p, keep, 2)? else {
             return Ok(false);
         };
         pages.release_pages(handle, k)?;
-        let room = n <= self.room();
+        let room = n <= self.room(pages);
         if room {
             // As many pages re-mapped as page by page (see [`StreamState::page_for`]).
             self.budget.count_remaps(u64::from(k).min(n));

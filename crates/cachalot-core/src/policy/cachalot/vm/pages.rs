@@ -12,9 +12,10 @@ use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, 
 use crate::private_pool::SegmentSource;
 
 /// Multi-page handles are made only while the device (or the limit) stays
-/// at most 1/N full with them: under pressure a handle a live block still
-/// touches holds all its pages (tests/pressure.rs: at 1/8 the llama and
-/// DDP GPT-2 recordings needed 20 to 22 MiB more than expandable segments).
+/// at most 1/N full with them, and past it streams keep the tight budget:
+/// under pressure a handle a live block still touches holds all its pages
+/// (tests/pressure.rs: at 1/8 the llama and DDP GPT-2 recordings needed 20
+/// to 22 MiB more than expandable segments).
 const EXTENT_MARGIN: u64 = 2;
 /// What device segments are rounded up to, without virtual memory (the
 /// small pool's segment size).
@@ -134,6 +135,14 @@ impl Pages {
         let most = self.most.load(Ordering::Relaxed);
         let bytes = u64::from(n).saturating_mul(self.granularity());
         self.held().saturating_add(bytes) <= most - most / EXTENT_MARGIN
+    }
+
+    /// Whether the device (or the limit) is more than half full
+    /// ([`EXTENT_MARGIN`]): streams then keep the tight budget
+    /// (`budget::PRESSED_SLACK`).
+    pub(crate) fn pressed(&self) -> bool {
+        let most = self.most.load(Ordering::Relaxed);
+        self.held() > most - most / EXTENT_MARGIN
     }
 
     /// The byte limit, if any.
