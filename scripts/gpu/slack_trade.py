@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The memory-for-speed trade of the cachalot policy on one op list, measured in
 one process: PyTorch's caching allocator, and cachalot's plug-in with its own
-policy at the default settings and at larger `cachalot_reuse_slack` values
+policy at the default settings (a reuse slack of 0.2) and at smaller
+`cachalot_reuse_slack` values
 (one private copy of the plug-in each), taking turns as in native_bench.py's
 one-process run: `--cold` rounds of a first pass from an empty cache each,
 then `--turns` turns of one untimed and `--timed` timed passes. Prints a
@@ -11,7 +12,7 @@ are not read here: `cachalot tune --space cachalot_reuse_slack=...` gives them
 for the same op list on the simulated device, which the GPU bench finds exact.
 
 Usage: slack_trade.py --ops FILE.ops --plugin libcachalot_torch.so --out FILE.md
-                      [--slacks 0.12,0.2] [--so PREBUILT.so] [--build-dir DIR]
+                      [--slacks 0.035,0.12] [--so PREBUILT.so] [--build-dir DIR]
                       [--rmm DIR] [--cold 5] [--turns 3] [--timed 3]
 """
 import argparse
@@ -53,7 +54,7 @@ def main():
     ap.add_argument("--ops", required=True, help="one op list (trace-to-ops.py)")
     ap.add_argument("--plugin", required=True, help="libcachalot_torch.so")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--slacks", default="0.12,0.2")
+    ap.add_argument("--slacks", default="0.035,0.12")
     ap.add_argument("--so")
     ap.add_argument("--build-dir", default="/tmp/cachalot-ext")
     ap.add_argument("--rmm", help="the RMM wheels' folder, if the extension was built with them")
