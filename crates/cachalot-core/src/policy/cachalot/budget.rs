@@ -81,6 +81,10 @@ pub(crate) struct Budget {
     /// Whether the stream re-mapped a cached page since it started (or last
     /// started afresh).
     remapped: bool,
+    /// Whether the stream is growing again below its peak after it gave its
+    /// cached pages back (`empty_cache` with blocks live), not having
+    /// re-mapped since.
+    regrowing: bool,
 }
 
 impl Budget {
@@ -96,6 +100,7 @@ impl Budget {
             allocations: 0,
             churning: false,
             remapped: false,
+            regrowing: false,
         }
     }
 
@@ -140,6 +145,7 @@ impl Budget {
     pub(crate) fn count_remaps(&mut self, n: u64) {
         self.remaps += n;
         self.remapped |= n > 0;
+        self.regrowing &= n == 0;
     }
 
     /// Starts churning once the stream, holding `mapped` pages, re-mapped
@@ -162,6 +168,20 @@ impl Budget {
         self.allocations = 0;
         self.churning = false;
         self.remapped = false;
+        self.regrowing = false;
+    }
+
+    /// The stream gave its cached pages back with blocks still live: its
+    /// peak and churn stay, and it grows again as at first (in extents past
+    /// its last mapped cell) until it re-maps a page.
+    pub(crate) fn regrow(&mut self) {
+        self.remapped = false;
+        self.regrowing = true;
+    }
+
+    /// Whether the stream grows again after [`Budget::regrow`].
+    pub(crate) fn regrowing(&self) -> bool {
+        self.regrowing
     }
 
     /// Pages the stream may hold before it re-maps cached ones, with pages
@@ -245,6 +265,23 @@ mod tests {
         b.start_afresh(50, 50 * G);
         assert!(!b.churning() && !b.remapped());
         assert_eq!(b.peak_in_use(), 50);
+    }
+
+    #[test]
+    fn after_empty_cache_a_stream_regrows_until_it_re_maps() {
+        let mut b = Budget::new(&config(0.2, 0.15, 16));
+        b.note_in_use(100, || 100 * G);
+        b.count_remaps(3);
+        b.regrow();
+        assert!(b.regrowing() && !b.remapped());
+        assert_eq!(b.peak_in_use(), 100, "its peak stays");
+        b.count_remaps(0);
+        assert!(b.regrowing());
+        b.count_remaps(1);
+        assert!(!b.regrowing() && b.remapped());
+        b.regrow();
+        b.start_afresh(0, 0);
+        assert!(!b.regrowing());
     }
 
     #[test]

@@ -108,7 +108,9 @@ impl StreamState {
     /// while the stream may grow by that much (see the module docs); other
     /// cells get a page each, a cached one re-mapped once the stream holds
     /// its budget. A stream growing for the first time (at a new peak, never
-    /// re-mapped) maps the part of the block past its last mapped cell, its
+    /// re-mapped), or again after `empty_cache` with blocks live
+    /// ([`crate::policy::cachalot::budget::Budget::regrow`]), maps the part
+    /// of the block past its last mapped cell, its
     /// shared end cell included, in handles of up to `cachalot_extent` cells
     /// from there, within its budget: the next block, laid out after it,
     /// finds that end cell mapped (the first pass of vit_train_bf16 makes 548
@@ -131,7 +133,10 @@ impl StreamState {
         let own = span.start + u32::from(!at.is_multiple_of(g))
             ..span.end - u32::from(!(at + size).is_multiple_of(g));
         let group_len = self.config.extent_pages;
-        let growing = peaked && !self.budget.remapped() && !self.budget.churning() && group_len > 1;
+        let growing = (peaked || self.budget.regrowing())
+            && !self.budget.remapped()
+            && !self.budget.churning()
+            && group_len > 1;
         let mut cell = span.start;
         while cell < span.end {
             let cells = self.pools[p].cells.as_ref().expect("checked above");

@@ -224,8 +224,9 @@ impl StreamState {
             self.pools[p].release_range_if_empty(pages)?;
             self.ranges.publish(p, self.pools[p].range());
         }
-        if self.pools[1].range().is_none() {
-            self.start_afresh();
+        match self.pools[1].range() {
+            None => self.start_afresh(),
+            Some(_) => self.budget.regrow(),
         }
         while let Some(e) = self.spare_events.pop() {
             pages
