@@ -81,9 +81,9 @@ pub(crate) struct Budget {
     /// Whether the stream re-mapped a cached page since it started (or last
     /// started afresh).
     remapped: bool,
-    /// Whether the stream is growing again below its peak after it gave its
-    /// cached pages back (`empty_cache` with blocks live), not having
-    /// re-mapped since.
+    /// Whether the stream gave its cached pages back (`empty_cache` with
+    /// blocks live) since it started (or last started afresh): it grows
+    /// anew until it re-maps ([`Budget::grows_anew`]).
     regrowing: bool,
 }
 
@@ -115,8 +115,9 @@ impl Budget {
     }
 
     /// Whether the stream re-mapped a cached page since it started (or last
-    /// started afresh).
-    pub(crate) fn remapped(&self) -> bool {
+    /// started afresh, or regrew); the policy asks [`Budget::grows_anew`].
+    #[cfg(test)]
+    fn remapped(&self) -> bool {
         self.remapped
     }
 
@@ -145,7 +146,6 @@ impl Budget {
     pub(crate) fn count_remaps(&mut self, n: u64) {
         self.remaps += n;
         self.remapped |= n > 0;
-        self.regrowing &= n == 0;
     }
 
     /// Starts churning once the stream, holding `mapped` pages, re-mapped
@@ -179,9 +179,12 @@ impl Budget {
         self.regrowing = true;
     }
 
-    /// Whether the stream grows again after [`Budget::regrow`].
-    pub(crate) fn regrowing(&self) -> bool {
-        self.regrowing
+    /// Whether the stream grows as at first, in extents past its last mapped
+    /// cell (Note [Frontier]): at a new peak of pages in use (`peaked`) or
+    /// after [`Budget::regrow`], while it has not re-mapped a page since and
+    /// does not churn.
+    pub(crate) fn grows_anew(&self, peaked: bool) -> bool {
+        (peaked || self.regrowing) && !self.remapped && !self.churning
     }
 
     /// Pages the stream may hold before it re-maps cached ones, with pages
@@ -272,16 +275,17 @@ mod tests {
         let mut b = Budget::new(&config(0.2, 0.15, 16));
         b.note_in_use(100, || 100 * G);
         b.count_remaps(3);
+        assert!(b.remapped() && !b.grows_anew(false) && !b.grows_anew(true));
         b.regrow();
-        assert!(b.regrowing() && !b.remapped());
+        assert!(b.grows_anew(false) && !b.remapped());
         assert_eq!(b.peak_in_use(), 100, "its peak stays");
         b.count_remaps(0);
-        assert!(b.regrowing());
+        assert!(b.grows_anew(false));
         b.count_remaps(1);
-        assert!(!b.regrowing() && b.remapped());
+        assert!(!b.grows_anew(false) && b.remapped());
         b.regrow();
         b.start_afresh(0, 0);
-        assert!(!b.regrowing());
+        assert!(!b.grows_anew(false));
     }
 
     #[test]

@@ -133,10 +133,7 @@ impl StreamState {
         let own = span.start + u32::from(!at.is_multiple_of(g))
             ..span.end - u32::from(!(at + size).is_multiple_of(g));
         let group_len = self.config.extent_pages;
-        let growing = (peaked || self.budget.regrowing())
-            && !self.budget.remapped()
-            && !self.budget.churning()
-            && group_len > 1;
+        let growing = self.budget.grows_anew(peaked) && group_len > 1;
         let mut cell = span.start;
         while cell < span.end {
             let cells = self.pools[p].cells.as_ref().expect("checked above");

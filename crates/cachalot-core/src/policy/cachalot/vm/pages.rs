@@ -132,17 +132,22 @@ impl Pages {
     /// live block still touches holds all its pages: past half the device,
     /// pages come one by one (Note [Extents] in docs/cachalot-policy.md).
     pub(crate) fn extent_fits(&self, n: u32) -> bool {
-        let most = self.most.load(Ordering::Relaxed);
         let bytes = u64::from(n).saturating_mul(self.granularity());
-        self.held().saturating_add(bytes) <= most - most / EXTENT_MARGIN
+        self.held().saturating_add(bytes) <= self.half_full()
     }
 
     /// Whether the device (or the limit) is more than half full
     /// ([`EXTENT_MARGIN`]): streams then keep the tight budget
     /// (`budget::PRESSED_SLACK`).
     pub(crate) fn pressed(&self) -> bool {
+        self.held() > self.half_full()
+    }
+
+    /// The bytes held past which the device counts as under pressure
+    /// ([`EXTENT_MARGIN`]).
+    fn half_full(&self) -> u64 {
         let most = self.most.load(Ordering::Relaxed);
-        self.held() > most - most / EXTENT_MARGIN
+        most - most / EXTENT_MARGIN
     }
 
     /// The byte limit, if any.
