@@ -3,6 +3,7 @@
 //! which the workload no longer calls the driver.
 
 use cachalot_testkit::cli::{repo, run, succeeds};
+use cachalot_testkit::recordings::recordings;
 
 fn trace(name: &str) -> String {
     let path = repo().join(format!("data/traces/{name}.native.trace.csv.gz"));
@@ -126,14 +127,10 @@ fn every_recording_repeated_settles_within_expandable_segments() {
     // than expandable segments make, but on seed004 (400 calls a pass,
     // against 76: its 4 MiB blocks come back a handle each, where expandable
     // segments map 20 MiB at a time).
-    let dir = repo().join("data/traces");
-    let mut traces: Vec<String> = std::fs::read_dir(&dir)
-        .expect("data/traces")
-        .map(|e| e.expect("an entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(".native.trace.csv.gz"))
+    let traces: Vec<String> = recordings(".native.trace.csv.gz")
+        .into_iter()
         .map(|p| p.to_str().expect("utf-8 path").to_string())
         .collect();
-    traces.sort();
     assert!(traces.len() >= 10, "{traces:?}");
     let args = [
         &["compare", "--passes", "20", "--json"][..],
