@@ -124,9 +124,7 @@ fn every_recording_repeated_settles_within_expandable_segments() {
     // driver call from the third pass on. The random recordings (seed002,
     // seed004) free a segment in every pass, replayed as `empty_cache`, after
     // which every allocator maps its pages again: there, no more calls a pass
-    // than expandable segments make, but on seed004 (400 calls a pass,
-    // against 76: its 4 MiB blocks come back a handle each, where expandable
-    // segments map 20 MiB at a time).
+    // than expandable segments make.
     let traces: Vec<String> = recordings(".native.trace.csv.gz")
         .into_iter()
         .map(|p| p.to_str().expect("utf-8 path").to_string())
@@ -164,7 +162,6 @@ fn every_recording_repeated_settles_within_expandable_segments() {
         }
         let most = match cachalot["empty_caches"].as_u64() {
             Some(0) => 0,
-            _ if name.starts_with("seed004") => 400,
             _ => *by_pass(expandable, "driver_calls").last().unwrap(),
         };
         if calls[2..].iter().any(|c| *c > most) {

@@ -187,6 +187,17 @@ impl Budget {
         (peaked || self.regrowing) && !self.remapped && !self.churning
     }
 
+    /// While the stream regrows after [`Budget::regrow`] (and has not
+    /// re-mapped since), how many pages it may map ahead of a block past its
+    /// last mapped cell, holding `mapped`: up to its peak of pages in use,
+    /// which it held before and will most likely hold again. 0 otherwise.
+    pub(crate) fn ahead(&self, mapped: u64) -> u64 {
+        match self.regrowing && !self.remapped && !self.churning {
+            true => self.peak_in_use.saturating_sub(mapped),
+            false => 0,
+        }
+    }
+
     /// Pages the stream may hold before it re-maps cached ones, with pages
     /// of `granularity` bytes: its peak of pages in use and the slack (the
     /// churn slack too while it churns), at least `cachalot_reuse_min_mb`
@@ -276,13 +287,16 @@ mod tests {
         b.note_in_use(100, || 100 * G);
         b.count_remaps(3);
         assert!(b.remapped() && !b.grows_anew(false) && !b.grows_anew(true));
+        assert_eq!(b.ahead(10), 0, "maps ahead only while it regrows");
         b.regrow();
         assert!(b.grows_anew(false) && !b.remapped());
         assert_eq!(b.peak_in_use(), 100, "its peak stays");
+        assert_eq!((b.ahead(10), b.ahead(100), b.ahead(120)), (90, 0, 0));
         b.count_remaps(0);
         assert!(b.grows_anew(false));
         b.count_remaps(1);
         assert!(!b.grows_anew(false) && b.remapped());
+        assert_eq!(b.ahead(10), 0, "not once it re-maps");
         b.regrow();
         b.start_afresh(0, 0);
         assert!(!b.grows_anew(false));

@@ -114,7 +114,12 @@ impl StreamState {
     /// shared end cell included, in handles of up to `cachalot_extent` cells
     /// from there, within its budget: the next block, laid out after it,
     /// finds that end cell mapped (the first pass of vit_train_bf16 makes 548
-    /// driver calls instead of 1,102).
+    /// driver calls instead of 1,102). While it regrows below its old peak,
+    /// the handle also covers cells past the block that it used before, up
+    /// to that peak ([`crate::policy::cachalot::budget::Budget::ahead`]):
+    /// the blocks that come next find them mapped (seed004, which frees its
+    /// memory in every pass, maps its 4 MiB blocks 32 pages at a time: 40
+    /// driver calls a pass instead of 400, expandable segments' 76).
     fn map_span(
         &mut self,
         pages: &Pages,
@@ -148,7 +153,10 @@ impl StreamState {
             let end = own.end.min((cell / group_len + 1) * group_len);
             let frontier = growing && cells.none_mapped_from(cell);
             let run = if frontier {
-                self.frontier_run(pages, span.end - cell)
+                let known = cells.known().saturating_sub(span.end);
+                let ahead = self.budget.ahead(self.mapped()).min(u64::from(known));
+                // `ahead` is at most `known`, a u32.
+                self.frontier_run(pages, span.end - cell + ahead as u32)
             } else if own.contains(&cell) && !self.budget.churning() {
                 let (pool, adopting) = (&self.pools[p], self.adopts(pages));
                 let stop = |c: &u32| {

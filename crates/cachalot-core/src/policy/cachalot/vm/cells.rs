@@ -202,6 +202,11 @@ impl Cells {
         None
     }
 
+    /// The known cells: up to the highest one ever used.
+    pub(crate) fn known(&self) -> u32 {
+        self.pages.len() as u32
+    }
+
     /// Whether no cell from `cell` on holds a page: `cell` lies past the last
     /// mapped one.
     pub(crate) fn none_mapped_from(&self, cell: u32) -> bool {
