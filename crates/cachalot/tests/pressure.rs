@@ -76,17 +76,35 @@ fn the_cachalot_policy_never_needs_a_larger_device() {
     );
 }
 
-/// A random recording of a million events (sizes 16 B to 1 GiB, 2% held long,
-/// 21 GiB live at most, four streams): the smallest device of each, up to
-/// 80 GiB. About a minute in a release build on two cores, so run by hand:
-/// `cargo test --release -p cachalot --test pressure -- --ignored --nocapture`.
+/// Random recordings of a million events (sizes 16 B to 1 GiB, 2% held long,
+/// 21 GiB live at most, four streams; seed 1, or the seeds listed in
+/// `CACHALOT_PRESSURE_SEEDS`, comma-separated): the smallest device of each,
+/// up to 80 GiB. About a minute a seed in a release build on two cores, so run
+/// by hand: `cargo test --release -p cachalot --test pressure -- --ignored
+/// --nocapture`.
 #[test]
 #[ignore = "a minute of replays; run by hand"]
 fn a_random_million_events_under_pressure() {
+    let seeds = std::env::var("CACHALOT_PRESSURE_SEEDS").unwrap_or_else(|_| "1".into());
+    let worse: Vec<String> = seeds
+        .split(',')
+        .map(|s| s.trim().parse().expect("CACHALOT_PRESSURE_SEEDS: numbers"))
+        .filter_map(random_needs_a_larger_device)
+        .collect();
+    assert!(worse.is_empty(), "{worse:?}");
+}
+
+/// The smallest devices of the random recording of seed `seed`, shown; a
+/// line saying so where the cachalot policy's is larger than the others'.
+fn random_needs_a_larger_device(seed: u64) -> Option<String> {
     use cachalot::replay::RecordedDevice;
     use cachalot::trace::synth::{synthesize, SynthSpec};
 
-    let events: Vec<_> = synthesize(&SynthSpec::default()).collect();
+    let spec = SynthSpec {
+        seed,
+        ..SynthSpec::default()
+    };
+    let events: Vec<_> = synthesize(&spec).collect();
     let device = RecordedDevice::new(80 << 30, AllocatorConfig::default());
     let plan = replay::plan(&events, &device).expect("plans");
     let needs: Vec<Option<u64>> = CONFIGS
@@ -98,13 +116,9 @@ fn a_random_million_events_under_pressure() {
         .zip(&needs)
         .map(|((name, _), need)| format!("{name} {:?} MiB", need.map(|n| n / MIB)))
         .collect();
-    println!("synth 1M (seed 1): {}", shown.join(", "));
+    let shown = format!("synth 1M (seed {seed}): {}", shown.join(", "));
+    println!("{shown}");
     let cachalot = needs[2].expect("the cachalot policy fits within 80 GiB");
-    let best = needs[..2]
-        .iter()
-        .flatten()
-        .min()
-        .copied()
-        .unwrap_or(u64::MAX);
-    assert!(cachalot <= best, "{}", shown.join(", "));
+    let best = needs[..2].iter().flatten().min().copied();
+    (cachalot > best.unwrap_or(u64::MAX)).then_some(shown)
 }
