@@ -160,9 +160,12 @@ impl Pages {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// Counts `bytes` against the limit, or fails with out-of-memory.
+    /// Counts `bytes` against the limit (and the device's memory), or fails
+    /// with out-of-memory.
     fn charge(&self, call: CallKind, bytes: u64) -> BackendResult<()> {
-        let limit = self.limit.load(Ordering::Relaxed);
+        // Within the limit and the device's memory: past that, the driver
+        // would only refuse (under pressure, one call in 60 was a refusal).
+        let limit = self.most.load(Ordering::Relaxed);
         let fits = |held: u64| held.checked_add(bytes).filter(|h| *h <= limit);
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
