@@ -289,4 +289,18 @@ mod tests {
         pages.free_segment(None, s, 8 << 20).unwrap();
         assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
     }
+
+    #[test]
+    fn past_the_devices_memory_no_call_is_made() {
+        let sim = Arc::new(Counting::new(Arc::new(SimBackend::new(8 << 20))));
+        let pages = Pages::new(sim.clone());
+        let a = pages.create_pages(3).unwrap();
+        assert!(pages.create_pages(2).unwrap_err().is_out_of_memory());
+        let b = pages.create_pages(1).unwrap();
+        assert!(pages.create_pages(1).unwrap_err().is_out_of_memory());
+        assert_eq!(sim.counts().count(CallKind::CreatePage), 2);
+        pages.release_pages(a, 3).unwrap();
+        pages.release_pages(b, 1).unwrap();
+        assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
+    }
 }
