@@ -187,12 +187,12 @@ impl Budget {
         (peaked || self.regrowing) && !self.remapped && !self.churning
     }
 
-    /// While the stream regrows after [`Budget::regrow`] (and has not
-    /// re-mapped since), how many pages it may map ahead of a block past its
+    /// While the stream grows anew after [`Budget::regrow`] (not at a new
+    /// peak: [`Budget::grows_anew`]), how many pages it may map ahead of a block past its
     /// last mapped cell, holding `mapped`: up to its peak of pages in use,
     /// which it held before and will most likely hold again. 0 otherwise.
     pub(crate) fn ahead(&self, mapped: u64) -> u64 {
-        match self.regrowing && !self.remapped && !self.churning {
+        match self.grows_anew(false) {
             true => self.peak_in_use.saturating_sub(mapped),
             false => 0,
         }

@@ -165,8 +165,8 @@ impl Pages {
     fn charge(&self, call: CallKind, bytes: u64) -> BackendResult<()> {
         // Within the limit and the device's memory: past that, the driver
         // would only refuse (under pressure, one call in 60 was a refusal).
-        let limit = self.most.load(Ordering::Relaxed);
-        let fits = |held: u64| held.checked_add(bytes).filter(|h| *h <= limit);
+        let most = self.most.load(Ordering::Relaxed);
+        let fits = |held: u64| held.checked_add(bytes).filter(|h| *h <= most);
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
             .map(|_| ())
