@@ -58,7 +58,8 @@
 //!   with a best-fit index of the free ones and an address index of the others
 //!   (allocated, pending or kept).
 //! * **region**: a range of addresses a heap places blocks in: with virtual
-//!   memory, the pool's one reserved virtual range (twice the device's memory);
+//!   memory, the pool's one reserved virtual range (four times the device's memory for
+//!   the large pool, twice for the small);
 //!   without, each of the pool's device segments.
 //! * **cell**: a page-sized, page-aligned piece of a reserved range, where one
 //!   page can be mapped; *cached* when it holds a page that no live block

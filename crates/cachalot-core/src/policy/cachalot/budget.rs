@@ -242,7 +242,7 @@ mod tests {
             min_pages,
             extent_pages: 1,
             threshold: None,
-            range_size: 1 << 30,
+            large_range: 1 << 30,
         }
     }
 

@@ -89,7 +89,7 @@ impl StreamState {
     #[cold]
     #[inline(never)]
     fn reserve_range(&mut self, pages: &Pages, p: usize) -> BackendResult<()> {
-        self.pools[p].ensure_range(pages, self.config.range_size)?;
+        self.pools[p].ensure_range(pages, self.config.range_size(p))?;
         self.ranges.publish(p, self.pools[p].range());
         Ok(())
     }

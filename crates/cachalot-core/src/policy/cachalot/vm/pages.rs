@@ -11,12 +11,21 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{Backend, BackendError, BackendResult, CallKind, DevicePtr, PageHandle};
 use crate::private_pool::SegmentSource;
 
-/// Multi-page handles are made only while the device (or the limit) stays
-/// at most 1/N full with them, and past it streams keep the tight budget:
-/// under pressure a handle a live block still touches holds all its pages
-/// (tests/pressure.rs: at 1/8 the llama and DDP GPT-2 recordings needed 20
-/// to 22 MiB more than expandable segments).
+/// Handles of any length up to `cachalot_extent` are made only while the
+/// device (or the limit) stays at most 1/N full with them; past it, streams
+/// keep the tight budget and a handle has at most [`PRESSED_EXTENT`] pages
+/// (Note [Extents] in docs/cachalot-policy.md).
 const EXTENT_MARGIN: u64 = 2;
+/// Pages of one handle at most while the device is more than half full:
+/// 20 MiB of 2 MiB pages, the size of expandable segments' handles. Under
+/// pressure a handle a live block still touches holds all its pages, so
+/// with up to 64 MiB the llama and DDP GPT-2 recordings needed 20 to 22 MiB
+/// more than expandable segments; page by page, a random recording of a
+/// million events (tests/pressure.rs) made 5.1 million driver calls on a
+/// 24 GiB device, where expandable segments made 0.97 million (1.24 million
+/// with this cap; 16 pages: llama_serve needs 30 MiB more than expandable
+/// segments).
+const PRESSED_EXTENT: u32 = 10;
 /// What device segments are rounded up to, without virtual memory (the
 /// small pool's segment size).
 pub(crate) const SEGMENT_UNIT: u64 = 2 << 20;
@@ -127,13 +136,17 @@ impl Pages {
         bytes <= self.most.load(Ordering::Relaxed)
     }
 
-    /// Whether a handle of `n` pages keeps the device at most half full
-    /// ([`EXTENT_MARGIN`]). A handle maps and goes back only whole, so one a
-    /// live block still touches holds all its pages: past half the device,
-    /// pages come one by one (Note [Extents] in docs/cachalot-policy.md).
-    pub(crate) fn extent_fits(&self, n: u32) -> bool {
-        let bytes = u64::from(n).saturating_mul(self.granularity());
-        self.held().saturating_add(bytes) <= self.half_full()
+    /// The most pages of one new handle for `wanted` cells: all of them
+    /// while the device (or the limit) stays at most half full with them
+    /// ([`EXTENT_MARGIN`]), else at most [`PRESSED_EXTENT`]. A handle maps
+    /// and goes back only whole, so one a live block still touches holds all
+    /// its pages (Note [Extents] in docs/cachalot-policy.md).
+    pub(crate) fn extent_cap(&self, wanted: u32) -> u32 {
+        let bytes = u64::from(wanted).saturating_mul(self.granularity());
+        match self.held().saturating_add(bytes) <= self.half_full() {
+            true => wanted,
+            false => wanted.min(PRESSED_EXTENT),
+        }
     }
 
     /// Whether the device (or the limit) is more than half full
@@ -288,6 +301,26 @@ mod tests {
         let s = pages.allocate_segment(None, 8 << 20).unwrap();
         pages.free_segment(None, s, 8 << 20).unwrap();
         assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
+    }
+
+    #[test]
+    fn past_half_the_device_handles_are_capped() {
+        let sim = Arc::new(SimBackend::new(64 << 20));
+        let pages = Pages::new(sim.clone());
+        assert_eq!(pages.extent_cap(16), 16, "32 MiB keeps 64 MiB half full");
+        assert_eq!(pages.extent_cap(17), PRESSED_EXTENT);
+        assert_eq!(pages.extent_cap(3), 3, "fewer than the cap stay whole");
+        let held = pages.create_pages(12).unwrap();
+        assert_eq!(pages.extent_cap(4), 4);
+        assert_eq!(
+            (pages.extent_cap(5), pages.extent_cap(11)),
+            (5, PRESSED_EXTENT)
+        );
+        pages.set_limit(Some(32 << 20));
+        assert_eq!(pages.extent_cap(1), 1, "under a limit, half of it");
+        assert_eq!(pages.extent_cap(40), PRESSED_EXTENT);
+        pages.release_pages(held, 12).unwrap();
+        assert_eq!(pages.extent_cap(8), 8);
     }
 
     #[test]
