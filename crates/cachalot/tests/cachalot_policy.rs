@@ -388,6 +388,37 @@ fn streams_and_private_pools_have_no_fixed_limit() {
     assert_eq!(dev.sim.live_objects(), 0);
 }
 
+/// Address space is not a stream limit either: on a device of an H200's
+/// size, each stream's two ranges (four and two times the device's memory)
+/// would take all 128 TiB of it by the 153rd stream. 400 streams each
+/// holding a large and a small block all allocate, in smaller ranges past
+/// the first, and the ranges leave half the address space to the rest of
+/// the process.
+#[test]
+fn address_space_is_shared_out_between_many_streams() {
+    use cachalot::Backend;
+    let dev = TestDevice::new(SimBackend::new(140 << 30));
+    let alloc = allocator(&dev, "");
+    let mut live = Vec::new();
+    for s in 0..400 {
+        live.push(alloc.malloc(4 * MIB, StreamId(s)).unwrap());
+        live.push(alloc.malloc(4096, StreamId(s)).unwrap());
+    }
+    alloc.validate().unwrap();
+    let rest = dev.sim.reserve_range(60 << 40).expect("address space left");
+    dev.sim.release_range(rest, 60 << 40).unwrap();
+    let big = alloc
+        .malloc(100 << 30, StreamId(0))
+        .expect("the first stream's range");
+    alloc.free(big).unwrap();
+    for p in live {
+        alloc.free(p).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    alloc.validate().unwrap();
+    assert_eq!(dev.sim.live_objects(), 0);
+}
+
 /// Tens of thousands of streams each keeping a cached page (a server's
 /// per-request streams, none idle to take over): found through the stream
 /// table's indexes, and the device's exact peaks merged over all their

@@ -41,13 +41,21 @@ pub const SIM_BASE_ADDRESS: DevicePtr = 0x7f3a_5e00_0000;
 pub const SIM_GRANULARITY: u64 = 2 << 20;
 
 /// The largest device the simulation supports: 256 TiB (2^48 bytes). Policies
-/// reserve virtual ranges larger than the device (the cachalot policy twice its
-/// size per stream, expandable segments 9/8 of it), and addresses, which are
+/// reserve virtual ranges larger than the device (the cachalot policy six times
+/// its size per stream, expandable segments 9/8 of it), and addresses, which are
 /// never reused, must stay far below 2^64 over thousands of such ranges.
 /// Larger capacities are not refused here; callers taking a capacity from a
 /// user check it against this bound (and against [`SIM_GRANULARITY`], the
 /// smallest useful device).
 pub const SIM_MAX_CAPACITY: u64 = 1 << 48;
+
+/// The address space the simulated device's ranges may take together, at
+/// least (16 device sizes where that is more, so that the largest simulated
+/// devices still hold ranges larger than themselves): 128 TiB, x86-64's
+/// 47-bit user space, which an H200 granted to ranges and no more (233
+/// ranges of four times its memory). Past it, a reservation runs out of
+/// memory.
+const ADDRESS_SPACE: u64 = 1 << 47;
 
 /// The address space below the first range handed out in
 /// [`AddressOrder::Descending`]: this many bytes, or 16 device sizes when that
@@ -103,6 +111,8 @@ struct State {
     next_handle: u64,
     segments: BTreeMap<DevicePtr, u64>,
     ranges: BTreeMap<DevicePtr, Range>,
+    /// Bytes of the live ranges.
+    range_bytes: u64,
     /// Page size and the number of live mappings of each page.
     pages: HashMap<PageHandle, (u64, u32)>,
     events: HashMap<EventId, Event>,
@@ -446,6 +456,14 @@ impl Backend for SimBackend {
             let reason = format!("size {size} is not a positive multiple of the granularity");
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         }
+        let space = ADDRESS_SPACE.max(self.caps.total_memory.saturating_mul(16));
+        if st.range_bytes.saturating_add(size) > space {
+            return Err(BackendError::OutOfMemory {
+                call,
+                requested: size,
+            });
+        }
+        st.range_bytes += size;
         let base = st.fresh_addresses(size);
         st.ranges.insert(
             base,
@@ -476,6 +494,7 @@ impl Backend for SimBackend {
             return Err(st.misuse(BackendError::InvalidArgument { call, reason }));
         }
         st.ranges.remove(&base);
+        st.range_bytes -= size;
         st.release_addresses(base, size);
         Ok(())
     }
@@ -868,6 +887,23 @@ mod tests {
             sim.allocate_segment(2 << 20).unwrap() < small,
             "single pages never reuse"
         );
+    }
+
+    #[test]
+    fn ranges_take_at_most_the_address_space() {
+        let sim = SimBackend::new(80 << 30);
+        let quarter = ADDRESS_SPACE / 4;
+        let bases: Vec<_> = (0..4)
+            .map(|_| sim.reserve_range(quarter).unwrap())
+            .collect();
+        let refused = sim.reserve_range(SIM_GRANULARITY).unwrap_err();
+        assert!(refused.is_out_of_memory(), "{refused}");
+        sim.release_range(bases[1], quarter).unwrap();
+        let again = sim.reserve_range(quarter).unwrap();
+        for base in [bases[0], bases[2], bases[3], again] {
+            sim.release_range(base, quarter).unwrap();
+        }
+        assert_eq!(sim.live_objects(), 0);
     }
 
     #[test]

@@ -193,12 +193,19 @@ impl Pool {
         self.range
     }
 
-    /// Reserves the virtual range on first use.
-    pub(crate) fn ensure_range(&mut self, pages: &Pages, size: u64) -> BackendResult<()> {
+    /// Reserves the virtual range on first use: `size` bytes, or less where
+    /// address space is short, down to what a first block of `first` bytes
+    /// needs ([`Pages::reserve_range`]).
+    pub(crate) fn ensure_range(
+        &mut self,
+        pages: &Pages,
+        size: u64,
+        first: u64,
+    ) -> BackendResult<()> {
         if self.range.is_some() {
             return Ok(());
         }
-        let base = pages.backend().reserve_range(size)?;
+        let (base, size) = pages.reserve_range(size, first)?;
         if !self.small {
             // Its live blocks are over `SMALL_MAX` bytes: at most one starts
             // in each `SMALL_MAX` bytes of the range.
@@ -221,7 +228,7 @@ impl Pool {
         if mapped > 0 || self.heap.live_count() > 0 {
             return Ok(());
         }
-        pages.backend().release_range(base, size)?;
+        pages.release_range(base, size)?;
         *self = Pool::new(self.small, self.keeps);
         Ok(())
     }
@@ -711,7 +718,7 @@ mod tests {
         let pages = Pages::new(counted.clone());
         let mut ledger = ledger();
         let mut pool = Pool::new(false, false);
-        pool.ensure_range(&pages, 64 * G).unwrap();
+        pool.ensure_range(&pages, 64 * G, G).unwrap();
         for cell in [0, 1] {
             let page = pages.create_pages(1).unwrap();
             pool.map_extent(&pages, &mut ledger, cell, 1, page).unwrap();

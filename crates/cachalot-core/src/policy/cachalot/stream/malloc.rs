@@ -67,7 +67,7 @@ impl StreamState {
         requested: u64,
     ) -> BackendResult<u64> {
         if self.pools[p].range().is_none() {
-            self.reserve_range(pages, p)?;
+            self.reserve_range(pages, p, size)?;
         }
         self.budget.allocated();
         if let Some(addr) = self.pools[p].reuse(size, requested) {
@@ -85,11 +85,12 @@ impl StreamState {
         }
     }
 
-    /// Reserves pool `p`'s range (its first allocation) and publishes it.
+    /// Reserves pool `p`'s range (its first allocation, of `size` bytes)
+    /// and publishes it.
     #[cold]
     #[inline(never)]
-    fn reserve_range(&mut self, pages: &Pages, p: usize) -> BackendResult<()> {
-        self.pools[p].ensure_range(pages, self.config.range_size(p))?;
+    fn reserve_range(&mut self, pages: &Pages, p: usize, size: u64) -> BackendResult<()> {
+        self.pools[p].ensure_range(pages, self.config.range_size(p), size)?;
         self.ranges.publish(p, self.pools[p].range());
         Ok(())
     }

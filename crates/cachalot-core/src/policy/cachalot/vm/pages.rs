@@ -26,6 +26,14 @@ const EXTENT_MARGIN: u64 = 2;
 /// with this cap; 16 pages: llama_serve needs 30 MiB more than expandable
 /// segments).
 const PRESSED_EXTENT: u32 = 10;
+/// Address space the ranges of one allocator may take together: half of
+/// x86-64's 47-bit user space (128 TiB), which with unified addressing the
+/// process's host memory and every CUDA library share with the device's
+/// ranges. An H200 granted 128 TiB of ranges in all (233 of four times its
+/// memory, 832 of 1.125 times), so without a bound the ranges of 156
+/// streams (each pool's full range: 6 times the device's memory) took all
+/// of it; past this one, ranges are halved ([`Pages::reserve_range`]).
+const ADDRESS_BUDGET: u64 = 64 << 40;
 /// What device segments are rounded up to, without virtual memory (the
 /// small pool's segment size).
 pub(crate) const SEGMENT_UNIT: u64 = 2 << 20;
@@ -42,6 +50,8 @@ pub(crate) struct Pages {
     /// whole segment units without virtual memory): no request of more is
     /// ever served.
     most: AtomicU64,
+    /// Bytes of address space held in reserved ranges.
+    ranges: AtomicU64,
     /// Unmapped handles (with their bytes) whose release failed; retried by
     /// [`Pages::retry_orphans`].
     orphans: Mutex<Vec<(PageHandle, u64)>>,
@@ -76,6 +86,7 @@ impl Pages {
             limit: AtomicU64::new(u64::MAX),
             held: AtomicU64::new(0),
             most: AtomicU64::new(0),
+            ranges: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             quiet: AtomicBool::new(false),
             capture_reuse: AtomicBool::new(false),
@@ -241,6 +252,41 @@ impl Pages {
         self.held() - orphans.iter().map(|(_, bytes)| bytes).sum::<u64>()
     }
 
+    /// Reserves a range of `wanted` bytes of address space (a whole number of
+    /// pages), or of half that, and so on down to `least` bytes, while the
+    /// ranges held would pass [`ADDRESS_BUDGET`] or the driver refuses: a
+    /// stream among many gets a smaller range, where it would get none. Past
+    /// the budget, ranges of `least` bytes are still asked for. The range's
+    /// base and size.
+    pub(crate) fn reserve_range(&self, wanted: u64, least: u64) -> BackendResult<(DevicePtr, u64)> {
+        let unit = self.granularity.max(1);
+        let least = least.div_ceil(unit).max(1) * unit;
+        let mut size = wanted.max(least);
+        loop {
+            let half = (size / 2 / unit * unit).max(least);
+            let held = self.ranges.load(Ordering::Relaxed);
+            if held.saturating_add(size) > ADDRESS_BUDGET && half < size {
+                size = half;
+                continue;
+            }
+            match self.backend.reserve_range(size) {
+                Ok(base) => {
+                    self.ranges.fetch_add(size, Ordering::AcqRel);
+                    return Ok((base, size));
+                }
+                Err(e) if e.is_out_of_memory() && half < size => size = half,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Releases a range [`Pages::reserve_range`] reserved.
+    pub(crate) fn release_range(&self, base: DevicePtr, size: u64) -> BackendResult<()> {
+        self.backend.release_range(base, size)?;
+        self.ranges.fetch_sub(size, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// Allocates a segment from `source` (a private pool's own allocator)
     /// or the device.
     pub(crate) fn allocate_segment(
@@ -301,6 +347,39 @@ mod tests {
         let s = pages.allocate_segment(None, 8 << 20).unwrap();
         pages.free_segment(None, s, 8 << 20).unwrap();
         assert_eq!((pages.held(), sim.inner().live_objects()), (0, 0));
+    }
+
+    #[test]
+    fn ranges_shrink_where_address_space_is_short() {
+        use crate::backend::faults::{Fault, Faults};
+        let sim = Arc::new(Faults::new(Arc::new(SimBackend::new(1 << 30))));
+        let pages = Pages::new(sim.clone());
+        sim.fail_nth(CallKind::ReserveRange, 1, Fault::OutOfMemory);
+        let (a, size) = pages.reserve_range(64 << 20, 3 << 20).unwrap();
+        assert_eq!(size, 32 << 20, "refused once: half");
+        const TIB: u64 = 1 << 40;
+        let held: Vec<_> = (0..3)
+            .map(|_| pages.reserve_range(20 * TIB, 2 << 20).unwrap())
+            .collect();
+        assert!(held.iter().all(|(_, s)| *s == 20 * TIB));
+        let (b, size) = pages.reserve_range(20 * TIB, 2 << 20).unwrap();
+        assert_eq!(size, 5 * TIB / 2, "within 64 TiB in all");
+        let (least, size) = pages.reserve_range(20 * TIB, 2 * TIB).unwrap();
+        assert_eq!(size, 2 * TIB, "past the budget, the least asked for");
+        sim.fail_nth(CallKind::ReserveRange, 1, Fault::OutOfMemory);
+        let refused = pages.reserve_range(4 << 20, 4 << 20).unwrap_err();
+        assert!(refused.is_out_of_memory(), "not below the least asked for");
+        sim.fail_nth(CallKind::ReserveRange, 1, Fault::DeviceError);
+        let failed = pages.reserve_range(64 << 20, 2 << 20).unwrap_err();
+        assert!(
+            !failed.is_out_of_memory(),
+            "a device error is not retried smaller"
+        );
+        let rest = [(a, 32 << 20), (b, 5 * TIB / 2), (least, 2 * TIB)];
+        for (base, size) in held.into_iter().chain(rest) {
+            pages.release_range(base, size).unwrap();
+        }
+        assert_eq!(pages.reserve_range(20 * TIB, 2 << 20).unwrap().1, 20 * TIB);
     }
 
     #[test]
