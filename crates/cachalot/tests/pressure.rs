@@ -127,8 +127,8 @@ fn random_needs_a_larger_device(seed: u64) -> Option<String> {
 /// cached memory back, and the streams take it again. A random recording of
 /// 200,000 events (as above, held 20,000 to 400,000 events) on a 24 GiB
 /// device: no failure under either policy, and the cachalot policy's driver
-/// calls at most 1.5 times expandable segments' (page by page past half the
-/// device, 5 times: Note [Extents]).
+/// calls at most 1.3 times expandable segments' (1.23; page by page past
+/// half the device, 7 times: Note [Extents]).
 #[test]
 fn under_pressure_driver_calls_stay_near_expandable_segments() {
     use cachalot::replay::RecordedDevice;
@@ -157,7 +157,7 @@ fn under_pressure_driver_calls_stay_near_expandable_segments() {
         "200k random events on 24 GiB: driver calls expandable {expandable}, cachalot {cachalot}"
     );
     assert!(
-        2 * cachalot <= 3 * expandable,
+        10 * cachalot <= 13 * expandable,
         "cachalot {cachalot} driver calls, expandable segments {expandable}"
     );
 }

@@ -20,11 +20,10 @@ const EXTENT_MARGIN: u64 = 2;
 /// 20 MiB of 2 MiB pages, the size of expandable segments' handles. Under
 /// pressure a handle a live block still touches holds all its pages, so
 /// with up to 64 MiB the llama and DDP GPT-2 recordings needed 20 to 22 MiB
-/// more than expandable segments; page by page, a random recording of a
-/// million events (tests/pressure.rs) made 5.1 million driver calls on a
-/// 24 GiB device, where expandable segments made 0.97 million (1.24 million
-/// with this cap; 16 pages: llama_serve needs 30 MiB more than expandable
-/// segments).
+/// more than expandable segments (with 16 pages, llama_serve 30 MiB more);
+/// page by page, a random recording of a million events (tests/pressure.rs)
+/// made 5.1 million driver calls on a 24 GiB device, where expandable
+/// segments made 0.97 million (1.14 million with this cap).
 const PRESSED_EXTENT: u32 = 10;
 /// Address space the ranges of one allocator may take together: half of
 /// x86-64's 47-bit user space (128 TiB), which with unified addressing the
@@ -179,6 +178,12 @@ impl Pages {
         Some(self.limit.load(Ordering::Relaxed)).filter(|l| *l != u64::MAX)
     }
 
+    /// Whole pages the device (or the limit) has left.
+    pub(crate) fn free_pages(&self) -> u64 {
+        let most = self.most.load(Ordering::Relaxed);
+        most.saturating_sub(self.held()) / self.granularity.max(1)
+    }
+
     /// Bytes held in pages and segments.
     pub(crate) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
@@ -330,8 +335,10 @@ mod tests {
         let pages = Pages::new(sim.clone());
         pages.set_limit(Some(4 << 20));
         let a = pages.create_pages(1).unwrap();
+        assert_eq!(pages.free_pages(), 1);
         let b = pages.create_pages(1).unwrap();
         assert!(pages.create_pages(1).unwrap_err().is_out_of_memory());
+        assert_eq!(pages.free_pages(), 0);
         assert_eq!(
             sim.counts().count(CallKind::CreatePage),
             2,
