@@ -127,7 +127,7 @@ fn random_needs_a_larger_device(seed: u64) -> Option<String> {
 /// cached memory back, and the streams take it again. A random recording of
 /// 200,000 events (as above, held 20,000 to 400,000 events) on a 24 GiB
 /// device: no failure under either policy, and the cachalot policy's driver
-/// calls at most 1.2 times expandable segments' (1.13; page by page past
+/// calls at most 1.2 times expandable segments' (1.09; page by page past
 /// half the device, 7 times: Note [Extents]).
 #[test]
 fn under_pressure_driver_calls_stay_near_expandable_segments() {
