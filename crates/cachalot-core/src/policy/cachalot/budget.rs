@@ -242,7 +242,7 @@ mod tests {
             min_pages,
             extent_pages: 1,
             threshold: None,
-            large_range: 1 << 30,
+            ranges: [1 << 30; 2],
         }
     }
 

@@ -17,14 +17,15 @@ pub(crate) struct StreamConfig {
     pub(crate) extent_pages: u32,
     /// `cachalot_release_threshold`.
     pub(crate) threshold: Option<u64>,
-    /// Bytes of address space reserved for the large pool (virtual memory
-    /// only); the small pool's is half that ([`StreamConfig::range_size`]).
-    pub(crate) large_range: u64,
+    /// Bytes of address space each pool reserves, small then large (virtual
+    /// memory only; [`StreamConfig::range_size`]).
+    pub(crate) ranges: [u64; 2],
 }
 
 impl StreamConfig {
-    /// The settings of `config` on a device of `caps`: the large pool's
-    /// range four times the device's memory, in whole pages.
+    /// The settings of `config` on a device of `caps`: the small pool's
+    /// range twice the device's memory, the large pool's four times, in
+    /// whole pages.
     pub(crate) fn new(config: &AllocatorConfig, caps: &Capabilities) -> StreamConfig {
         let in_pages = |bytes: u64| match caps.granularity {
             0 => 0,
@@ -41,7 +42,8 @@ impl StreamConfig {
                     .max(1),
             },
             threshold: config.cachalot_release_threshold,
-            large_range: in_pages(caps.total_memory.saturating_mul(4)).max(1) * caps.granularity,
+            ranges: [2, 4]
+                .map(|k| in_pages(caps.total_memory.saturating_mul(k)).max(1) * caps.granularity),
         }
     }
 
@@ -56,9 +58,6 @@ impl StreamConfig {
     /// most 1 MiB: twice the device's memory. Address space costs nothing
     /// until mapped.
     pub(crate) fn range_size(&self, p: usize) -> u64 {
-        match p {
-            0 => self.large_range / 2,
-            _ => self.large_range,
-        }
+        self.ranges[p]
     }
 }

@@ -119,9 +119,9 @@ impl StreamState {
     /// alone get one new handle per aligned group of `cachalot_extent` cells
     /// (of at most 10 while the device is more than half full,
     /// [`Pages::extent_cap`], for blocks of [`PRESSED_BLOCK_MIN`] bytes or
-    /// more; a churning stream's only then) while the stream
-    /// may grow by that much (see the module docs); other cells get a page
-    /// each, a cached one re-mapped once the stream holds its budget. Under
+    /// more; a churning stream's only then) while the stream may grow by
+    /// that much (see the module docs); other cells get a page each, a
+    /// cached one re-mapped once the stream holds its budget. Under
     /// pressure, every out-of-memory retry gives every stream's cached pages
     /// back and the streams take them again: 20 MiB at a time, a random
     /// recording of a million events on a 24 GiB device makes 0.95 million
@@ -162,6 +162,9 @@ impl StreamState {
             false => cap,
         };
         let growing = self.budget.grows_anew(peaked) && group_len > 1;
+        // A churning stream's layout keeps changing: its own cells are
+        // grouped only while the device is more than half full.
+        let grouped = !self.budget.churning() || pages.pressed();
         let mut cell = span.start;
         while cell < span.end {
             let cells = self.pools[p].cells.as_ref().expect("checked above");
@@ -171,10 +174,8 @@ impl StreamState {
             }
             // Past the last mapped cell of a growing stream, the rest of the
             // block; else unmapped cells the block holds alone, up to the end
-            // of their aligned group; one cell for a shared end cell, or in a
-            // churning stream (whose layout keeps changing) while the device
-            // is at most half full.
-            let grouped = !self.budget.churning() || pages.pressed();
+            // of their aligned group (`grouped`); one cell for a shared end
+            // cell, or where not grouped.
             let end = own.end.min((cell / group_len + 1) * group_len);
             let frontier = growing && cells.none_mapped_from(cell);
             let run = if frontier {

@@ -266,7 +266,7 @@ impl Pages {
     pub(crate) fn reserve_range(&self, wanted: u64, least: u64) -> BackendResult<(DevicePtr, u64)> {
         let unit = self.granularity.max(1);
         let least = least.div_ceil(unit).max(1) * unit;
-        let mut size = wanted.max(least);
+        let mut size = wanted.div_ceil(unit).saturating_mul(unit).max(least);
         loop {
             let half = (size / 2 / unit * unit).max(least);
             let held = self.ranges.load(Ordering::Relaxed);
@@ -364,6 +364,9 @@ mod tests {
         sim.fail_nth(CallKind::ReserveRange, 1, Fault::OutOfMemory);
         let (a, size) = pages.reserve_range(64 << 20, 3 << 20).unwrap();
         assert_eq!(size, 32 << 20, "refused once: half");
+        let (odd, size) = pages.reserve_range((5 << 20) + 1, 1).unwrap();
+        assert_eq!(size, 6 << 20, "whole pages");
+        pages.release_range(odd, size).unwrap();
         const TIB: u64 = 1 << 40;
         let held: Vec<_> = (0..3)
             .map(|_| pages.reserve_range(20 * TIB, 2 << 20).unwrap())
