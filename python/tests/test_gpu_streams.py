@@ -1,11 +1,13 @@
 """Device-wide peaks with several streams and threads, through the drop-in
 allocator: PyTorch's peaks are the highest values the device's statistics
-reached, not the sum of each stream's highest. Skips without a GPU."""
+reached, not the sum of each stream's highest; and many distinct streams at
+once. Skips without a GPU."""
 
 import random
 import threading
 
 import cachalot_torch
+import pytest
 
 MIB = 1 << 20
 
@@ -131,4 +133,29 @@ def test_threads_allocating_at_once_keep_their_data(torch_gpu):
     held.clear()
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["requested_bytes.all.current"] == base
+    cachalot_torch.validate()
+
+
+def test_a_thousand_distinct_streams_each_keep_a_small_and_a_large_tensor(torch_gpu):
+    """Distinct CUDA streams (torch.cuda.Stream() hands out a pool of 32), made
+    by CuPy: each keeps a 4 KiB and a 4 MiB tensor. Under the cachalot policy
+    each stream's two ranges (six times an H200's memory) would have taken
+    the 128 TiB of address space the driver grants by the 156th stream; the
+    allocator keeps its ranges within half of that and halves what would
+    pass it. Skips without CuPy."""
+    torch = torch_gpu
+    cupy = pytest.importorskip("cupy", reason="skipped: no CuPy to make raw CUDA streams")
+    raw, keep = [], []
+    for _ in range(1000):
+        made = cupy.cuda.Stream(non_blocking=True)
+        raw.append(made)
+        with torch.cuda.stream(torch.cuda.ExternalStream(made.ptr)):
+            keep.append(torch.empty(1024, device="cuda"))
+            keep.append(torch.empty(MIB, device="cuda"))
+    torch.cuda.synchronize()
+    assert len({s.ptr for s in raw}) == 1000
+    cachalot_torch.validate()
+    del keep
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     cachalot_torch.validate()
