@@ -55,8 +55,9 @@ impl StreamConfig {
     /// 958 MiB block on a 22.6 GiB device with 1.7 GiB free (the largest
     /// free block 45 MiB), and seed 3 needed a device of 25.8 GiB where
     /// expandable segments ran on 22.6 GiB. The small pool's blocks are at
-    /// most 1 MiB: twice the device's memory. Address space costs nothing
-    /// until mapped.
+    /// most 1 MiB: twice the device's memory. Address space is not free
+    /// (an H200's driver grants 128 TiB in all): past a budget, ranges are
+    /// halved ([`crate::policy::cachalot::vm::pages::Pages::reserve_range`]).
     pub(crate) fn range_size(&self, p: usize) -> u64 {
         self.ranges[p]
     }
