@@ -162,9 +162,6 @@ impl StreamState {
             false => cap,
         };
         let growing = self.budget.grows_anew(peaked) && group_len > 1;
-        // A churning stream's layout keeps changing: its own cells are
-        // grouped only while the device is more than half full.
-        let grouped = !self.budget.churning() || pages.pressed();
         let mut cell = span.start;
         while cell < span.end {
             let cells = self.pools[p].cells.as_ref().expect("checked above");
@@ -175,7 +172,11 @@ impl StreamState {
             // Past the last mapped cell of a growing stream, the rest of the
             // block; else unmapped cells the block holds alone, up to the end
             // of their aligned group (`grouped`); one cell for a shared end
-            // cell, or where not grouped.
+            // cell, or where not grouped. A churning stream's layout keeps
+            // changing: its own cells are grouped only while the device is
+            // more than half full (asked at each cell: the stream may start
+            // churning within the block).
+            let grouped = !self.budget.churning() || pages.pressed();
             let end = own.end.min((cell / group_len + 1) * group_len);
             let frontier = growing && cells.none_mapped_from(cell);
             let run = if frontier {
