@@ -5,7 +5,8 @@
 
 use std::num::NonZeroUsize;
 
-use cachalot::replay::{self, Device, Plan, Workload};
+use cachalot::replay::{self, Device, Plan, RecordedDevice, Workload};
+use cachalot::trace::synth::{synthesize, SynthSpec};
 use cachalot::trace::ReadLimits;
 use cachalot::tune::smallest_capacity;
 use cachalot::AllocatorConfig;
@@ -97,16 +98,10 @@ fn a_random_million_events_under_pressure() {
 /// The smallest devices of the random recording of seed `seed`, shown; a
 /// line saying so where the cachalot policy's is larger than the others'.
 fn random_needs_a_larger_device(seed: u64) -> Option<String> {
-    use cachalot::replay::RecordedDevice;
-    use cachalot::trace::synth::{synthesize, SynthSpec};
-
-    let spec = SynthSpec {
+    let (plan, device) = random_plan(&SynthSpec {
         seed,
         ..SynthSpec::default()
-    };
-    let events: Vec<_> = synthesize(&spec).collect();
-    let device = RecordedDevice::new(80 << 30, AllocatorConfig::default());
-    let plan = replay::plan(&events, &device).expect("plans");
+    });
     let needs: Vec<Option<u64>> = CONFIGS
         .iter()
         .map(|(_, conf)| smallest(&plan, conf, device.capacity))
@@ -131,17 +126,11 @@ fn random_needs_a_larger_device(seed: u64) -> Option<String> {
 /// half the device, 7 times: Note [Extents]).
 #[test]
 fn under_pressure_driver_calls_stay_near_expandable_segments() {
-    use cachalot::replay::RecordedDevice;
-    use cachalot::trace::synth::{synthesize, SynthSpec};
-
-    let spec = SynthSpec {
+    let (plan, _) = random_plan(&SynthSpec {
         events: 200_000,
         hold_events: (20_000, 400_000),
         ..SynthSpec::default()
-    };
-    let events: Vec<_> = synthesize(&spec).collect();
-    let device = RecordedDevice::new(80 << 30, AllocatorConfig::default());
-    let plan = replay::plan(&events, &device).expect("plans");
+    });
     let calls = |conf: &str| {
         let config = AllocatorConfig::parse(conf).expect("conf");
         let capacity = 24 << 30;
@@ -160,4 +149,13 @@ fn under_pressure_driver_calls_stay_near_expandable_segments() {
         5 * cachalot <= 6 * expandable,
         "cachalot {cachalot} driver calls, expandable segments {expandable}"
     );
+}
+
+/// The plan of the random recording `spec` describes, on the 80 GiB device
+/// it is recorded on.
+fn random_plan(spec: &SynthSpec) -> (Plan, RecordedDevice) {
+    let events: Vec<_> = synthesize(spec).collect();
+    let device = RecordedDevice::new(80 << 30, AllocatorConfig::default());
+    let plan = replay::plan(&events, &device).expect("plans");
+    (plan, device)
 }

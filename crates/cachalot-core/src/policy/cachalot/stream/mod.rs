@@ -73,7 +73,7 @@ impl StreamState {
         slot: u32,
         source: Option<Arc<dyn SegmentSource>>,
     ) -> StreamState {
-        let keeps = config.ranges[1] > 0 && config.threshold.is_none() && source.is_none();
+        let keeps = config.range_size(1) > 0 && config.threshold.is_none() && source.is_none();
         let mut pools = [Pool::new(true, keeps), Pool::new(false, false)];
         for p in &mut pools {
             p.set_source(source.clone());
